@@ -1,0 +1,143 @@
+// Package storage defines the contract between the idem middleware and the
+// place where it keeps idempotency records.
+//
+// The package holds only the [Store] interface, its result types and its
+// errors, so that a program that uses the in-memory store never compiles a
+// Redis client. Implementations live below it: storage/memstore (one
+// process) and storage/redisstore (shared by every instance of a service).
+// storage/storagetest is an exported contract suite that every Store,
+// including one written by a user, must pass.
+//
+// # The protocol
+//
+// An entry moves through two states. [Store.Acquire] creates it in the
+// processing state, held by an owner token for a lease; the owner extends
+// the lease with [Store.Extend] while its handler runs and ends it with
+// either [Store.Complete] (the entry becomes done and holds the encoded
+// response for the TTL) or [Store.Release] (the entry is deleted so a retry
+// may run the handler again). An entry whose lease runs out disappears, so a
+// crashed process never holds a key for longer than its lease.
+//
+// Every method is atomic and costs one round trip. Every method is safe to
+// run twice with the same arguments (a Redis client may resend a command
+// after a timeout): acquiring again with the same owner succeeds and renews
+// the lease, completing again with the same record succeeds, releasing an
+// entry that is already gone succeeds.
+package storage
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+)
+
+// Errors returned by stores. Stores wrap them with %w and may add context, so
+// compare with [errors.Is].
+var (
+	// ErrNotOwner means the entry is not, or no longer, held by the given
+	// owner: its lease ran out and it vanished or was taken by another
+	// owner, or it is already done. Nothing was changed.
+	ErrNotOwner = errors.New("storage: lease not held by this owner")
+
+	// ErrFull means the store is at its size bound and holds nothing it may
+	// evict (a store never evicts an entry in flight). Nothing was changed.
+	ErrFull = errors.New("storage: store is full")
+
+	// ErrInvalid means the arguments break the contract: an empty key or
+	// owner, a fingerprint longer than [MaxFingerprintLen], or a lease or TTL
+	// that is not positive. Nothing was changed.
+	ErrInvalid = errors.New("storage: invalid argument")
+)
+
+// MaxFingerprintLen is the longest fingerprint a Store must accept.
+const MaxFingerprintLen = 255
+
+// State is the outcome of [Store.Acquire].
+type State uint8
+
+const (
+	// Acquired means the caller now holds the lease on a processing entry.
+	Acquired State = iota + 1
+	// InFlight means another owner holds the lease on a processing entry.
+	InFlight
+	// Done means a completed entry exists; [Result.Record] holds it.
+	Done
+)
+
+// String returns "acquired", "in flight", "done" or "State(n)".
+func (s State) String() string {
+	switch s {
+	case Acquired:
+		return "acquired"
+	case InFlight:
+		return "in flight"
+	case Done:
+		return "done"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Result is what [Store.Acquire] found or did.
+type Result struct {
+	// State says which of the three outcomes happened.
+	State State
+
+	// Fingerprint is the fingerprint given when the existing entry was
+	// acquired. Set for InFlight and Done; empty for Acquired.
+	Fingerprint string
+
+	// LeaseLeft is how long the other owner's lease still runs. Set for
+	// InFlight only; at least one millisecond.
+	LeaseLeft time.Duration
+
+	// Record is the record stored by [Store.Complete]. Set for Done only.
+	// It may share memory with the store: the caller must not modify it.
+	Record []byte
+}
+
+// Store keeps idempotency entries. Implementations must be safe for
+// concurrent use, and each method must be atomic with respect to every
+// other call on the same key, from any process sharing the store.
+//
+// Keys are opaque strings made by the middleware (already hashed, so they
+// are short and contain no user input). Stores may add a prefix of their
+// own. Lease and TTL are rounded up to whole milliseconds.
+type Store interface {
+	// Acquire takes the lease on key for owner, or reports what holds it.
+	//
+	//   - No entry (or an expired one): a processing entry is created,
+	//     owned by owner, remembering fingerprint, expiring after lease.
+	//     The result is Acquired.
+	//   - A processing entry owned by owner: its lease is renewed to lease
+	//     and the result is Acquired (a resend of the same acquire).
+	//   - A processing entry owned by someone else: InFlight, with the
+	//     entry's fingerprint and the lease it has left.
+	//   - A done entry: Done, with its fingerprint and record.
+	//
+	// It returns ErrInvalid for an empty key or owner, a fingerprint over
+	// MaxFingerprintLen bytes or a lease <= 0, and ErrFull when a bounded
+	// store has no room; any other error means the store could not be
+	// reached or answered nonsense, and nothing is known about the entry.
+	Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (Result, error)
+
+	// Complete turns owner's processing entry into a done entry that holds
+	// record and expires after ttl; the fingerprint is kept. The store
+	// copies record or takes it over; the caller does not modify it
+	// afterwards. If the entry is already done with exactly this record,
+	// Complete returns nil (a resend). Otherwise, when owner does not hold
+	// the entry (missing, another owner, done with another record), it
+	// returns ErrNotOwner and changes nothing. ErrInvalid for a ttl <= 0.
+	Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
+
+	// Release deletes owner's processing entry so that a later Acquire
+	// starts afresh. A missing entry is not an error (a resend, or the lease
+	// ran out: either way nothing is held). An entry held by another owner,
+	// or a done entry, is left alone and ErrNotOwner is returned.
+	Release(ctx context.Context, key, owner string) error
+
+	// Extend renews owner's lease to lease from now. It returns ErrNotOwner
+	// when owner does not hold a processing entry for key, and ErrInvalid
+	// for a lease <= 0.
+	Extend(ctx context.Context, key, owner string, lease time.Duration) error
+}
