@@ -122,9 +122,10 @@ type Store interface {
 	Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (Result, error)
 
 	// Complete turns owner's processing entry into a done entry that holds
-	// record and expires after ttl; the fingerprint is kept. The store
-	// copies record or takes it over; the caller does not modify it
-	// afterwards. If the entry is already done with exactly this record,
+	// record and expires after ttl; the fingerprint is kept. The store must
+	// not retain record after Complete returns (the caller reuses the
+	// buffer): it copies what it keeps. If the entry is already done with
+	// exactly this record,
 	// Complete returns nil (a resend). Otherwise, when owner does not hold
 	// the entry (missing, another owner, done with another record), it
 	// returns ErrNotOwner and changes nothing. ErrInvalid for a ttl <= 0.
