@@ -1,0 +1,32 @@
+// Package idem makes HTTP endpoints idempotent.
+//
+// A client sends a unique Idempotency-Key header with a request that must
+// not run twice (create an order, charge a card). The middleware locks the
+// key in a shared store, runs the handler once, stores the complete
+// response and answers every retry with it, marked Idempotent-Replayed:
+// true. A duplicate that arrives while the first is still running gets 409
+// Conflict; a retry with the same key but a different request gets 422.
+//
+// This package is the framework-neutral core. Use it through an adapter:
+// github.com/idemkit/idem/nethttp, .../ginidem or .../echoidem, with a store
+// from github.com/idemkit/idem/storage/memstore (one process) or
+// .../storage/redisstore (every instance of a service).
+//
+// # Lifecycle of a protected request
+//
+//  1. Requests whose method is not protected (default POST and PATCH),
+//     that matched no route, or that carry no key pass through untouched.
+//  2. The key is parsed (a bare token or an RFC 8941 string, 1 to 255
+//     printable ASCII bytes), the body is read in full (up to
+//     WithMaxRequestBody) and fingerprinted.
+//  3. One store round trip takes the lease, or finds the request in flight
+//     (409), or done (replay, or 422 for a different request).
+//  4. The handler runs with the body unchanged, its response streams to the
+//     client and a copy is kept; the lease is renewed every lease/3.
+//  5. One store round trip stores the response for the TTL, or releases
+//     the key when the status is not cacheable (5xx) or the handler
+//     panicked.
+//
+// Refusals are RFC 9457 problem responses whose Kind is one of the Err
+// values below, so tests and error writers can use errors.Is.
+package idem

@@ -1,0 +1,179 @@
+// Package conformance is the behaviour suite that every adapter (net/http,
+// Gin, Echo) passes on every store, so that the three behave identically.
+// An adapter's test calls [Run] with an [Adapter] that mounts plain
+// http.Handlers on its framework.
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Adapter mounts routes on one framework.
+type Adapter struct {
+	Name string
+	// Mount returns the framework's server for routes, each protected by m
+	// through the adapter, behind the framework's own panic recovery (for
+	// net/http, a plain recover that answers 500).
+	Mount func(m *idem.Middleware, routes ...Route) http.Handler
+}
+
+// Route is one endpoint. Pattern uses net/http syntax ("/orders/{id}");
+// adapters translate {id} to their own.
+type Route struct {
+	Method  string
+	Pattern string
+	Handler http.Handler
+}
+
+// storeKind makes a fresh store for one test.
+type storeKind struct {
+	name string
+	// open returns the store and, when the store's clock can be moved, a
+	// function that moves it forward.
+	open func(t *testing.T) (storage.Store, func(time.Duration))
+}
+
+var storeKinds = []storeKind{
+	{"memory", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		clk := &clock{now: time.Now()}
+		s := memstore.New(memstore.WithClock(clk.Now))
+		t.Cleanup(func() { s.Close() })
+		return s, clk.Advance
+	}},
+	{"miniredis", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		mr := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		return redisstore.New(rdb), mr.FastForward
+	}},
+	{"redis", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+		t.Cleanup(func() { rdb.Close() })
+		return redisstore.New(rdb, redisstore.WithPrefix("conf:"+randomHex(8)+":")), nil
+	}},
+}
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// errDown is what a store that is "down" answers.
+var errDown = errors.New("conformance: store down")
+
+// spy wraps a store: it counts calls and can fail them all.
+type spy struct {
+	storage.Store
+	down     atomic.Bool
+	acquires atomic.Int64
+	acquired chan struct{} // gets a value after each Acquire, if not full
+}
+
+func (s *spy) Acquire(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	s.acquires.Add(1)
+	defer func() {
+		select {
+		case s.acquired <- struct{}{}:
+		default:
+		}
+	}()
+	if s.down.Load() {
+		return storage.Result{}, errDown
+	}
+	return s.Store.Acquire(ctx, key, owner, fp, lease)
+}
+
+func (s *spy) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
+	if s.down.Load() {
+		return errDown
+	}
+	return s.Store.Complete(ctx, key, owner, rec, ttl)
+}
+
+func (s *spy) Release(ctx context.Context, key, owner string) error {
+	if s.down.Load() {
+		return errDown
+	}
+	return s.Store.Release(ctx, key, owner)
+}
+
+func (s *spy) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
+	if s.down.Load() {
+		return errDown
+	}
+	return s.Store.Extend(ctx, key, owner, lease)
+}
+
+// events records observer events.
+type events struct {
+	mu  sync.Mutex
+	all []idem.Event
+}
+
+func (e *events) observe(ev idem.Event) {
+	e.mu.Lock()
+	e.all = append(e.all, ev)
+	e.mu.Unlock()
+}
+
+func (e *events) outcomes() []idem.Outcome {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]idem.Outcome, len(e.all))
+	for i, ev := range e.all {
+		out[i] = ev.Outcome
+	}
+	return out
+}
+
+func (e *events) first() idem.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.all) == 0 {
+		return idem.Event{}
+	}
+	return e.all[0]
+}
+
+func (e *events) last() idem.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.all) == 0 {
+		return idem.Event{}
+	}
+	return e.all[len(e.all)-1]
+}

@@ -1,0 +1,130 @@
+package idem
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"hash"
+	"net/http"
+)
+
+// MaxKeyLen is the longest idempotency key accepted, in bytes after
+// unquoting.
+const MaxKeyLen = 255
+
+var (
+	errKeyEmpty    = errors.New("the key is empty")
+	errKeyLong     = errors.New("the key is longer than 255 bytes")
+	errKeyChar     = errors.New("the key contains a character outside printable ASCII")
+	errKeyQuote    = errors.New("the key is a malformed RFC 8941 string")
+	errKeyMultiple = errors.New("the key header was sent more than once")
+)
+
+// ParseKey returns the idempotency key carried by a header value. Both a
+// bare token (abc-123) and an RFC 8941 sf-string ("abc-123", with \" and \\
+// escapes), the form the IETF Idempotency-Key draft specifies, are
+// accepted and give the same key. After unquoting the key must be 1 to 255
+// bytes of printable ASCII (0x20 to 0x7E). The error wraps ErrInvalidKey.
+func ParseKey(v string) (string, error) {
+	key, err := parseKey(v)
+	if err != nil {
+		return "", &keyError{err}
+	}
+	return key, nil
+}
+
+type keyError struct{ reason error }
+
+func (e *keyError) Error() string   { return "idem: " + ErrInvalidKey.Error() + ": " + e.reason.Error() }
+func (e *keyError) Unwrap() []error { return []error{ErrInvalidKey, e.reason} }
+
+func parseKey(v string) (string, error) {
+	if len(v) == 0 {
+		return "", errKeyEmpty
+	}
+	if v[0] != '"' {
+		if len(v) > MaxKeyLen {
+			return "", errKeyLong
+		}
+		for i := 0; i < len(v); i++ {
+			if v[i] < 0x20 || v[i] > 0x7e {
+				return "", errKeyChar
+			}
+		}
+		return v, nil
+	}
+	// RFC 8941 section 4.2.5: DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE.
+	if len(v) < 2 || v[len(v)-1] != '"' {
+		return "", errKeyQuote
+	}
+	inner := v[1 : len(v)-1]
+	escapes := 0
+	for i := 0; i < len(inner); i++ {
+		c := inner[i]
+		switch {
+		case c == '\\':
+			if i+1 >= len(inner) || (inner[i+1] != '"' && inner[i+1] != '\\') {
+				return "", errKeyQuote
+			}
+			escapes++
+			i++
+		case c == '"':
+			return "", errKeyQuote
+		case c < 0x20 || c > 0x7e:
+			return "", errKeyChar
+		}
+	}
+	n := len(inner) - escapes
+	switch {
+	case n == 0:
+		return "", errKeyEmpty
+	case n > MaxKeyLen:
+		return "", errKeyLong
+	case escapes == 0:
+		return inner, nil
+	}
+	b := make([]byte, 0, n)
+	for i := 0; i < len(inner); i++ {
+		if inner[i] == '\\' {
+			i++
+		}
+		b = append(b, inner[i])
+	}
+	return string(b), nil
+}
+
+// headerKey reads the key header of r. It reports ok=false when the header
+// is absent.
+func headerKey(h http.Header, name string) (key string, ok bool, err error) {
+	vs := h[name]
+	switch len(vs) {
+	case 0:
+		return "", false, nil
+	case 1:
+		key, err = parseKey(vs[0])
+		return key, true, err
+	}
+	return "", true, errKeyMultiple
+}
+
+// hashFields writes each field length-prefixed, so that no two different
+// field lists hash alike.
+func hashFields(h hash.Hash, fields ...string) {
+	var n [binary.MaxVarintLen64]byte
+	for _, f := range fields {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f)))])
+		h.Write([]byte(f))
+	}
+}
+
+// storageKey names the record of one key: a hash of the scope, method,
+// route and client key, so a client can never reach another scope's
+// record, inject characters into a store key or choose a cluster slot.
+// It is 22 characters of unpadded base64url (128 bits of SHA-256).
+func storageKey(scope, method, route, key string) string {
+	h := sha256.New()
+	hashFields(h, "idem/v1", scope, method, route, key)
+	var sum [sha256.Size]byte
+	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:16])
+}

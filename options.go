@@ -1,0 +1,281 @@
+package idem
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Defaults of the options of [New].
+const (
+	DefaultHeader          = "Idempotency-Key"
+	DefaultTTL             = 24 * time.Hour
+	DefaultLease           = 30 * time.Second
+	DefaultMaxRequestBody  = 1 << 20
+	DefaultMaxResponseBody = 1 << 20
+)
+
+// Option configures a [Middleware]. An option given an invalid value makes
+// New return an error wrapping ErrInvalidOption.
+type Option func(*config) error
+
+type config struct {
+	header      string
+	methods     []string
+	requireKey  bool
+	ttl         time.Duration
+	lease       time.Duration
+	wait        time.Duration
+	scope       func(*http.Request) string
+	fingerprint func(r *http.Request, body []byte) string
+	noFP        bool
+	maxReq      int64
+	maxResp     int
+	cacheable   func(status int) bool
+	failOpen    bool
+	errorWriter ErrorWriter
+	observer    func(Event)
+	omit        map[string]bool
+}
+
+func defaultConfig() config {
+	return config{
+		header:      DefaultHeader,
+		methods:     []string{http.MethodPost, http.MethodPatch},
+		ttl:         DefaultTTL,
+		lease:       DefaultLease,
+		scope:       AuthorizationScope,
+		maxReq:      DefaultMaxRequestBody,
+		maxResp:     DefaultMaxResponseBody,
+		cacheable:   DefaultCacheable,
+		errorWriter: WriteProblem,
+		omit:        map[string]bool{"Set-Cookie": true},
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// WithHeader sets the request header that carries the idempotency key.
+// Default "Idempotency-Key". An empty name is invalid.
+func WithHeader(name string) Option {
+	return func(c *config) error {
+		if name == "" || strings.ContainsAny(name, " \t\r\n:") {
+			return invalid("WithHeader(%q): not a header name", name)
+		}
+		c.header = http.CanonicalHeaderKey(name)
+		return nil
+	}
+}
+
+// WithMethods sets the HTTP methods the middleware protects; requests with
+// other methods pass through untouched. Default POST and PATCH. Safe
+// methods (GET, HEAD, OPTIONS, TRACE) and an empty list are invalid.
+func WithMethods(methods ...string) Option {
+	return func(c *config) error {
+		if len(methods) == 0 {
+			return invalid("WithMethods: no method")
+		}
+		c.methods = c.methods[:0:0]
+		for _, m := range methods {
+			m = strings.ToUpper(m)
+			switch m {
+			case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+				return invalid("WithMethods: %q is not a method to protect", m)
+			}
+			c.methods = append(c.methods, m)
+		}
+		return nil
+	}
+}
+
+// WithRequireKey answers 400 (ErrMissingKey) to a protected request that
+// carries no key. By default such a request passes through unprotected.
+func WithRequireKey() Option {
+	return func(c *config) error { c.requireKey = true; return nil }
+}
+
+// WithTTL sets how long a completed response is kept and replayed.
+// Default 24 hours. It must be positive and at least the lease.
+func WithTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalid("WithTTL(%v): must be positive", d)
+		}
+		c.ttl = d
+		return nil
+	}
+}
+
+// WithLease sets how long a request holds its key while the handler runs.
+// The lease is renewed every lease/3 while the handler runs, so it bounds
+// only how long a key stays locked after its process died. Default 30
+// seconds; at least 30 milliseconds.
+func WithLease(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 30*time.Millisecond {
+			return invalid("WithLease(%v): must be at least 30ms", d)
+		}
+		c.lease = d
+		return nil
+	}
+}
+
+// WithWait makes a duplicate that arrives while the first request is in
+// flight wait up to d for it to finish, then get its response (or run the
+// handler, if the first released the key), instead of an immediate 409.
+// Default 0: no waiting. Negative is invalid.
+func WithWait(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return invalid("WithWait(%v): must not be negative", d)
+		}
+		c.wait = d
+		return nil
+	}
+}
+
+// WithScope sets the function that names the principal (user, tenant, API
+// client) a request acts for. Records of different scopes never meet, so
+// two clients choosing the same key never see each other's responses.
+// Default [AuthorizationScope]. Applications that authenticate with cookies
+// or client certificates must set it. A nil function is invalid.
+func WithScope(fn func(r *http.Request) string) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("WithScope(nil)")
+		}
+		c.scope = fn
+		return nil
+	}
+}
+
+// AuthorizationScope is the default scope: the request's Authorization
+// header (hashed into the store key, never stored in clear). Requests
+// without one share the empty scope.
+func AuthorizationScope(r *http.Request) string { return r.Header.Get("Authorization") }
+
+// WithFingerprint replaces what identifies "the same request". fn gets the
+// request and its complete body and returns the identifying data, which is
+// hashed. A retry whose data differs from the first request's gets 422
+// (ErrMismatch). The default covers method, path, query, Content-Type and
+// body. A nil function is invalid.
+func WithFingerprint(fn func(r *http.Request, body []byte) string) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("WithFingerprint(nil)")
+		}
+		c.fingerprint, c.noFP = fn, false
+		return nil
+	}
+}
+
+// WithoutFingerprint turns the request comparison off: any request with a
+// known key gets the stored response. The body is still read first and
+// bounded by WithMaxRequestBody.
+func WithoutFingerprint() Option {
+	return func(c *config) error { c.fingerprint, c.noFP = nil, true; return nil }
+}
+
+// WithMaxRequestBody bounds the request body, which is read in full before
+// the key is locked so that it can be fingerprinted (and so a slow client
+// never holds a key). A larger body gets 413 (ErrBodyTooLarge) without
+// being read past the limit. Default 1 MiB; must be positive.
+func WithMaxRequestBody(n int64) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return invalid("WithMaxRequestBody(%d): must be positive", n)
+		}
+		c.maxReq = n
+		return nil
+	}
+}
+
+// WithMaxResponseBody bounds the response body kept for replay. A larger
+// response is still sent whole to its client, then recorded as done but
+// not replayable: retries get 409 (ErrNotReplayable) and the handler does
+// not run again. Default 1 MiB; must be positive.
+func WithMaxResponseBody(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return invalid("WithMaxResponseBody(%d): must be positive", n)
+		}
+		c.maxResp = n
+		return nil
+	}
+}
+
+// WithCacheable decides which final statuses are stored and replayed. For
+// the others the key is released so that a retry runs the handler again.
+// Default [DefaultCacheable]. A nil function is invalid.
+func WithCacheable(fn func(status int) bool) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("WithCacheable(nil)")
+		}
+		c.cacheable = fn
+		return nil
+	}
+}
+
+// DefaultCacheable stores 2xx, 3xx and 4xx responses, except 408 Request
+// Timeout, 425 Too Early and 429 Too Many Requests, which ask the client to
+// retry. 5xx responses are not stored: the operation may not have happened.
+func DefaultCacheable(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+// WithFailOpen runs the handler unprotected when the store cannot be
+// reached, instead of answering 503 (ErrStoreUnavailable). The observer
+// gets a FailedOpen event for each such request. Only for endpoints where a
+// duplicate is cheaper than an outage.
+func WithFailOpen() Option {
+	return func(c *config) error { c.failOpen = true; return nil }
+}
+
+// WithErrorWriter replaces [WriteProblem], the writer of refusals. A nil
+// writer is invalid.
+func WithErrorWriter(fn ErrorWriter) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("WithErrorWriter(nil)")
+		}
+		c.errorWriter = fn
+		return nil
+	}
+}
+
+// WithObserver calls fn once per protected request, synchronously, when the
+// middleware has decided its outcome. fn must be safe for concurrent use
+// and quick. Default none; a nil function is invalid.
+func WithObserver(fn func(Event)) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("WithObserver(nil)")
+		}
+		c.observer = fn
+		return nil
+	}
+}
+
+// WithOmitHeaders replaces the list of response headers that are sent to
+// the first client but neither stored nor replayed. Default: Set-Cookie,
+// since a session cookie minted for one response should not be handed out
+// again from the store. Call it with no names to store Set-Cookie too.
+// Hop-by-hop headers, Date and Content-Length are never stored, whatever
+// this list says.
+func WithOmitHeaders(names ...string) Option {
+	return func(c *config) error {
+		c.omit = make(map[string]bool, len(names))
+		for _, n := range names {
+			c.omit[http.CanonicalHeaderKey(n)] = true
+		}
+		return nil
+	}
+}
