@@ -1,0 +1,53 @@
+// Package response captures an HTTP response as the client received it,
+// encodes it compactly, and replays it byte for byte.
+//
+// It is the part of idem that the root package and every framework adapter
+// share: [Capture] wraps the handler's [http.ResponseWriter], tees the
+// response to the client and keeps a copy; [Capture.Record] turns the copy
+// into a [Record]; [Record.MarshalBinary] and [Record.UnmarshalBinary] move it
+// through a store; [Replay] writes it to a later client.
+//
+// # What is recorded
+//
+// The final status (never a 1xx informational response), the header map as it
+// was when the status went to the client (minus the names [Omitted] reports
+// and those the caller's omit function rejects), the trailers, and the body.
+// When net/http would have sniffed a Content-Type, the capture decides it
+// itself (see below) and writes it into the header map, so the record holds
+// the Content-Type the client actually received. When the client received no
+// Content-Type although the status allows a body (the first body bytes came
+// after a Flush, or a Content-Encoding or Transfer-Encoding prevented
+// sniffing), the record holds a Content-Type key with no values, which tells
+// net/http not to sniff on replay.
+//
+// # Differences from a bare net/http response writer
+//
+// A Capture behaves like the writer it wraps except in these documented ways:
+//
+//   - The final status is passed to the inner writer at the first non-empty
+//     Write, Flush, Hijack or Finish, not at WriteHeader. Header edits made
+//     between WriteHeader and that moment therefore reach the client (and the
+//     record), where net/http alone would ignore them. Only handlers that edit
+//     headers after WriteHeader see a difference; with gin, which sends
+//     headers at the first Write anyway, there is none.
+//   - The sniffed Content-Type is computed from the first non-empty Write
+//     alone, where net/http sniffs whatever it has buffered (up to 2 KiB)
+//     when it sends the header. The two differ only when the first Write is a
+//     fragment too short to recognise (for example "<ht" followed by
+//     "ml>..."): the client then gets "text/plain; charset=utf-8" instead of
+//     "text/html; charset=utf-8". Original and replay always agree.
+//   - The sniffed Content-Type is set in the header map, so the handler sees it
+//     in w.Header() after its first Write; net/http keeps it out of the map.
+//   - Informational responses (100, 102, 103) are sent at once, as net/http
+//     does, but are not recorded, so a replay does not repeat them.
+//   - Trailers set with [http.TrailerPrefix] are recorded and always replayed.
+//     Over HTTP/1.1, net/http drops them from an original response that it
+//     sends with a Content-Length (a short body written without a Flush);
+//     a replay sends them.
+//   - Flush and Hijack are always present as methods; when the inner writer
+//     (or anything it unwraps to) lacks them they return an error wrapping
+//     [http.ErrNotSupported], like [http.ResponseController] does. A Flush
+//     after a Hijack returns [http.ErrHijacked] where net/http would panic.
+//   - io.ReaderFrom is deliberately not implemented, so io.Copy goes through
+//     Write and is captured; http.CloseNotifier is not implemented either.
+package response

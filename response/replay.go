@@ -1,0 +1,99 @@
+package response
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+)
+
+// ReplayedHeader is the response header [Replay] sets to "true", so a client
+// can tell a replayed response from the original.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// ErrNotReplayable is returned by [Replay] for a record whose response was
+// not kept ([Record.NotReplayable]).
+var ErrNotReplayable = errors.New("response: record is not replayable")
+
+// Replay writes a stored record to w: the record's headers (each replacing
+// any values w's header map already has for that name, other names left as
+// they are), [ReplayedHeader], the status, the body in one Write, and then
+// the trailers. When the record has neither trailers nor a Trailer
+// declaration and its status allows a body, Replay also sets Content-Length,
+// so the client sees a complete, unchunked response.
+//
+// Trailers whose names the record's Trailer header declares are set under
+// their own names after the body; the others under [http.TrailerPrefix],
+// announced with an empty value before the status so that net/http chunks
+// the body and always sends them.
+//
+// Replay returns [ErrNotReplayable] for a NotReplayable record and an error
+// wrapping [ErrCorrupt] for a status outside 100..999, writing nothing in
+// either case. Otherwise it returns the error of the body's Write.
+func Replay(w http.ResponseWriter, rec *Record) error {
+	if rec.NotReplayable {
+		return ErrNotReplayable
+	}
+	if rec.Status < 100 || rec.Status > 999 {
+		return fmt.Errorf("%w: status %d", ErrCorrupt, rec.Status)
+	}
+	h := w.Header()
+	values := newValues(rec.Header)
+	for k, vv := range rec.Header {
+		h[k], values = cloneValues(vv, values)
+	}
+	h.Set(ReplayedHeader, "true")
+	declared := rec.Header["Trailer"]
+	for k := range rec.Trailer {
+		if !declares(declared, k) {
+			// Announce the undeclared trailer before the header goes out:
+			// net/http then chunks the body and sends it after, even when
+			// the body is short (see the package documentation).
+			h[http.TrailerPrefix+k] = nil
+		}
+	}
+	if len(declared) == 0 && len(rec.Trailer) == 0 && bodyAllowedForStatus(rec.Status) &&
+		h.Get("Transfer-Encoding") == "" {
+		h.Set("Content-Length", strconv.Itoa(len(rec.Body)))
+	}
+	w.WriteHeader(rec.Status)
+	var err error
+	if len(rec.Body) > 0 {
+		_, err = w.Write(rec.Body)
+	}
+	if len(rec.Trailer) > 0 {
+		values = newValues(rec.Trailer)
+		for k, vv := range rec.Trailer {
+			name := k
+			if !declares(declared, k) {
+				name = http.TrailerPrefix + k
+			}
+			h[name], values = cloneValues(vv, values)
+		}
+	}
+	return err
+}
+
+// newValues returns a slice with room for all of h's values.
+func newValues(h http.Header) []string {
+	n := 0
+	for _, vv := range h {
+		n += len(vv)
+	}
+	if n == 0 {
+		return nil
+	}
+	return make([]string, 0, n)
+}
+
+// cloneValues copies vv to the end of values and returns the copy, with its
+// capacity capped so that appending to it never touches the next one, and the
+// extended values. A nil vv stays nil.
+func cloneValues(vv, values []string) (clone, rest []string) {
+	if vv == nil {
+		return nil, values
+	}
+	i := len(values)
+	values = append(values, vv...)
+	return values[i:len(values):len(values)], values
+}

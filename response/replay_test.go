@@ -1,0 +1,178 @@
+package response
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+)
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		before     http.Header // already in the writer's header map
+		rec        Record
+		wantHeader http.Header // after Replay, before the trailers are added
+		wantBody   string
+	}{
+		{
+			name: "headers replace, others stay",
+			before: http.Header{
+				"Content-Type":   {"text/html"},
+				"X-Request-Id":   {"abc"},
+				"Content-Length": {"999"},
+			},
+			rec: Record{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}, Body: []byte(`{}`)},
+			wantHeader: http.Header{
+				"Content-Type":   {"application/json"},
+				"X-Multi":        {"a", "b"},
+				"X-Request-Id":   {"abc"},
+				"Content-Length": {"2"},
+				ReplayedHeader:   {"true"},
+			},
+			wantBody: "{}",
+		},
+		{
+			name:       "empty body gets Content-Length 0",
+			rec:        Record{Status: 200, Header: http.Header{"Content-Type": nil}},
+			wantHeader: http.Header{"Content-Type": nil, "Content-Length": {"0"}, ReplayedHeader: {"true"}},
+		},
+		{
+			name:       "204 gets no Content-Length",
+			rec:        Record{Status: 204},
+			wantHeader: http.Header{ReplayedHeader: {"true"}},
+		},
+		{
+			name:       "304 gets no Content-Length",
+			rec:        Record{Status: 304, Header: http.Header{"Etag": {`"v"`}}},
+			wantHeader: http.Header{"Etag": {`"v"`}, ReplayedHeader: {"true"}},
+		},
+		{
+			name:       "declared trailer without values: no Content-Length",
+			rec:        Record{Status: 200, Header: http.Header{"Trailer": {"X-T"}}, Body: []byte("b")},
+			wantHeader: http.Header{"Trailer": {"X-T"}, ReplayedHeader: {"true"}},
+			wantBody:   "b",
+		},
+		{
+			name: "trailers",
+			rec: Record{
+				Status:  200,
+				Header:  http.Header{"Trailer": {"X-Declared"}},
+				Trailer: http.Header{"X-Declared": {"d"}, "X-Undeclared": {"u"}},
+				Body:    []byte("b"),
+			},
+			wantHeader: http.Header{
+				"Trailer":                           {"X-Declared"},
+				http.TrailerPrefix + "X-Undeclared": nil,
+				ReplayedHeader:                      {"true"},
+			},
+			wantBody: "b",
+		},
+		{
+			name:       "Transfer-Encoding already set: no Content-Length",
+			before:     http.Header{"Transfer-Encoding": {"chunked"}},
+			rec:        Record{Status: 200, Body: []byte("b")},
+			wantHeader: http.Header{"Transfer-Encoding": {"chunked"}, ReplayedHeader: {"true"}},
+			wantBody:   "b",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rr := httptest.NewRecorder()
+			for k, vv := range tt.before {
+				rr.Header()[k] = vv
+			}
+			if err := Replay(rr, &tt.rec); err != nil {
+				t.Fatal(err)
+			}
+			res := rr.Result()
+			if res.StatusCode != tt.rec.Status {
+				t.Errorf("status %d, want %d", res.StatusCode, tt.rec.Status)
+			}
+			if !headerEqual(res.Header, tt.wantHeader) {
+				t.Errorf("header\n got %#v\nwant %#v", res.Header, tt.wantHeader)
+			}
+			if rr.Body.String() != tt.wantBody {
+				t.Errorf("body %q, want %q", rr.Body.String(), tt.wantBody)
+			}
+			// The trailers are in the live map, under the names net/http
+			// sends them from.
+			for k, vv := range tt.rec.Trailer {
+				name := k
+				if !declares(tt.rec.Header["Trailer"], k) {
+					name = http.TrailerPrefix + k
+				}
+				if !slices.Equal(rr.Header()[name], vv) {
+					t.Errorf("trailer %s = %q, want %q", name, rr.Header()[name], vv)
+				}
+			}
+		})
+	}
+}
+
+func TestReplayDoesNotShareValues(t *testing.T) {
+	t.Parallel()
+	rec := Record{
+		Status:  200,
+		Header:  http.Header{"X-A": make([]string, 1, 10)},
+		Trailer: http.Header{"X-T": make([]string, 1, 10)},
+	}
+	rec.Header["X-A"][0] = "a"
+	rec.Trailer["X-T"][0] = "t"
+	rr := httptest.NewRecorder()
+	if err := Replay(rr, &rec); err != nil {
+		t.Fatal(err)
+	}
+	h := rr.Header()
+	h.Add("X-A", "added")
+	h[http.TrailerPrefix+"X-T"][0] = "changed"
+	h["X-A"][0] = "changed"
+	if rec.Header["X-A"][:2][1] == "added" || rec.Header["X-A"][0] != "a" || rec.Trailer["X-T"][0] != "t" {
+		t.Error("Replay shares value slices with the record")
+	}
+}
+
+// errWriter fails every Write.
+type errWriter struct{ *fakeWriter }
+
+var errWrite = errors.New("write failed")
+
+func (errWriter) Write([]byte) (int, error) { return 0, errWrite }
+
+func TestReplayErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		w    http.ResponseWriter
+		rec  Record
+		want error
+		sent bool // something was written
+	}{
+		{"not replayable", newFake(), Record{Status: 200, NotReplayable: true}, ErrNotReplayable, false},
+		{"status 0", newFake(), Record{}, ErrCorrupt, false},
+		{"status 1000", newFake(), Record{Status: 1000}, ErrCorrupt, false},
+		{"write error", errWriter{newFake()}, Record{Status: 200, Body: []byte("x")}, errWrite, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := Replay(tt.w, &tt.rec)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Replay = %v, want %v", err, tt.want)
+			}
+			var f *fakeWriter
+			switch w := tt.w.(type) {
+			case *fakeWriter:
+				f = w
+			case errWriter:
+				f = w.fakeWriter
+			}
+			if sent := len(f.headers) > 0 || len(f.h) > 0; sent != tt.sent {
+				t.Errorf("wrote something: %v, want %v (headers %v, map %v)", sent, tt.sent, f.headers, f.h)
+			}
+		})
+	}
+}
