@@ -191,23 +191,19 @@ var scenarios = []scenario{
 	{"InvalidKeys", func(t *testing.T, s *suite) {
 		var c counter
 		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {})}})
-		for name, h := range map[string]http.Header{
-			"empty quoted":  {"Idempotency-Key": {`""`}},
-			"too long":      {"Idempotency-Key": {strings.Repeat("k", 256)}},
-			"non-ASCII":     {"Idempotency-Key": {"clé"}},
-			"unterminated":  {"Idempotency-Key": {`"abc`}},
-			"bad escape":    {"Idempotency-Key": {`"a\b"`}},
-			"two headers":   {"Idempotency-Key": {"a", "b"}},
-			"control char":  {"Idempotency-Key": {"a\x01b"}},
-			"inner quote":   {"Idempotency-Key": {`"a"b"`}},
-			"quoted > 255":  {"Idempotency-Key": {`"` + strings.Repeat("k", 256) + `"`}},
-			"empty present": {"Idempotency-Key": {""}},
+		for name, lines := range map[string][]string{
+			"empty quoted": {`Idempotency-Key: ""`},
+			"too long":     {"Idempotency-Key: " + strings.Repeat("k", 256)},
+			"non-ASCII":    {"Idempotency-Key: cl\xc3\xa9"},
+			"unterminated": {`Idempotency-Key: "abc`},
+			"bad escape":   {`Idempotency-Key: "a\b"`},
+			"two headers":  {"Idempotency-Key: a", "Idempotency-Key: b"},
+			"tab inside":   {"Idempotency-Key: a\tb"}, // net/http itself refuses other control bytes
+			"inner quote":  {`Idempotency-Key: "a"b"`},
+			"quoted > 255": {`Idempotency-Key: "` + strings.Repeat("k", 256) + `"`},
+			"empty":        {"Idempotency-Key: "},
 		} {
-			r := e.do(req{path: "/o", header: h})
-			if name == "empty present" && r.status == 200 {
-				continue // some clients drop empty headers on the wire; then it is simply absent
-			}
-			t.Run(name, func(t *testing.T) { problem(t, r, 400, idem.ErrInvalidKey) })
+			t.Run(name, func(t *testing.T) { problem(t, e.raw("POST", "/o", lines...), 400, idem.ErrInvalidKey) })
 		}
 		if got := e.do(req{path: "/o", key: strings.Repeat("k", 255)}); got.status != 200 {
 			t.Fatalf("255-byte key refused: %v", got)

@@ -1,11 +1,13 @@
 package conformance
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -106,6 +108,34 @@ func (e *env) do(q req) reply {
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
 		e.t.Fatalf("%s %s: reading body: %v", q.method, q.path, err)
+	}
+	return reply{status: res.StatusCode, header: res.Header, body: b, trailer: res.Trailer}
+}
+
+// raw sends a request written by hand, for header values that Go's
+// client refuses to send (control characters, non-ASCII bytes).
+func (e *env) raw(method, path string, headerLines ...string) reply {
+	e.t.Helper()
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close()
+	msg := method + " " + path + " HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n"
+	for _, l := range headerLines {
+		msg += l + "\r\n"
+	}
+	if _, err := io.WriteString(conn, msg+"\r\n"); err != nil {
+		e.t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		e.t.Fatalf("raw %s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
 	}
 	return reply{status: res.StatusCode, header: res.Header, body: b, trailer: res.Trailer}
 }
