@@ -69,7 +69,7 @@ func main() {
 func openStore(addr string) (storage.Store, func()) {
 	if addr == "" {
 		s := memstore.New()
-		return s, s.Close
+		return s, func() { s.Close() }
 	}
 	// Fail fast when Redis is unreachable: a request waits at most about
 	// half a second before its 503, instead of go-redis's defaults.
@@ -94,7 +94,7 @@ func storeName(addr string) string {
 // newServer builds the application: one protected endpoint.
 func newServer(store storage.Store) (http.Handler, error) {
 	m, err := idem.New(store, idem.WithObserver(func(e idem.Event) {
-		log.Printf("idem: %s %s -> %s %d (%v)", e.Method, e.Route, e.Outcome, e.Status, e.Duration.Round(time.Microsecond))
+		log.Printf("idem: %s -> %s %d (%v)", e.Route, e.Outcome, e.Status, e.Duration.Round(time.Microsecond))
 	}))
 	if err != nil {
 		return nil, err
