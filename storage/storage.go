@@ -28,6 +28,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -141,4 +142,21 @@ type Store interface {
 	// when owner does not hold a processing entry for key, and ErrInvalid
 	// for a lease <= 0.
 	Extend(ctx context.Context, key, owner string, lease time.Duration) error
+}
+
+// CheckAcquire returns an error wrapping ErrInvalid when the arguments of
+// an Acquire break the contract, and nil otherwise. Stores call it first;
+// so may a store written outside this module.
+func CheckAcquire(key, owner, fingerprint string, lease time.Duration) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	case owner == "":
+		return fmt.Errorf("%w: empty owner", ErrInvalid)
+	case len(fingerprint) > MaxFingerprintLen:
+		return fmt.Errorf("%w: fingerprint of %d bytes", ErrInvalid, len(fingerprint))
+	case lease <= 0:
+		return fmt.Errorf("%w: lease %v", ErrInvalid, lease)
+	}
+	return nil
 }

@@ -186,15 +186,8 @@ func invalid(what string) error { return fmt.Errorf("memstore: %w: %s", storage.
 
 // Acquire implements storage.Store.
 func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	switch {
-	case key == "":
-		return storage.Result{}, invalid("empty key")
-	case owner == "":
-		return storage.Result{}, invalid("empty owner")
-	case len(fingerprint) > storage.MaxFingerprintLen:
-		return storage.Result{}, invalid("fingerprint too long")
-	case lease <= 0:
-		return storage.Result{}, invalid("lease not positive")
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("memstore: %w", err)
 	}
 	lease = roundUp(lease)
 	s.mu.Lock()

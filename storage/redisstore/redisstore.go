@@ -161,15 +161,8 @@ var errReply = errors.New("redisstore: unexpected reply")
 
 // Acquire implements storage.Store.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	switch {
-	case key == "":
-		return storage.Result{}, invalid("empty key")
-	case owner == "":
-		return storage.Result{}, invalid("empty owner")
-	case len(fingerprint) > storage.MaxFingerprintLen:
-		return storage.Result{}, invalid("fingerprint too long")
-	case lease <= 0:
-		return storage.Result{}, invalid("lease not positive")
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %w", err)
 	}
 	v, err := acquireScript.Run(ctx, s.rdb, []string{s.prefix + key}, owner, fingerprint, ms(lease)).Slice()
 	if err != nil {
