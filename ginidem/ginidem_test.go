@@ -1,0 +1,567 @@
+package ginidem_test
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/gin-gonic/gin"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/conformance"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.TestMode)
+	gin.DefaultErrorWriter = io.Discard // gin.Recovery's panic reports
+	goleak.VerifyTestMain(m)
+}
+
+// ginPattern translates net/http's "/items/{id}" and "/files/{rest...}".
+func ginPattern(p string) string {
+	p = regexp.MustCompile(`\{(\w+)\.\.\.\}`).ReplaceAllString(p, "*$1")
+	return regexp.MustCompile(`\{(\w+)\}`).ReplaceAllString(p, ":$1")
+}
+
+func TestConformance(t *testing.T) {
+	t.Run("global", func(t *testing.T) {
+		conformance.Run(t, conformance.Adapter{Name: "gin", Mount: func(m *idem.Middleware, routes ...conformance.Route) http.Handler {
+			r := gin.New()
+			r.Use(gin.Recovery(), ginidem.Middleware(m))
+			for _, rt := range routes {
+				r.Handle(rt.Method, ginPattern(rt.Pattern), gin.WrapH(rt.Handler))
+			}
+			return r
+		}})
+	})
+	t.Run("per-route", func(t *testing.T) {
+		conformance.Run(t, conformance.Adapter{Name: "gin-route", Mount: func(m *idem.Middleware, routes ...conformance.Route) http.Handler {
+			r := gin.New()
+			r.Use(gin.Recovery())
+			for _, rt := range routes {
+				r.Handle(rt.Method, ginPattern(rt.Pattern), ginidem.Middleware(m), gin.WrapH(rt.Handler))
+			}
+			return r
+		}})
+	})
+}
+
+// storeKinds are the stores every trap test runs on.
+var storeKinds = []struct {
+	name string
+	open func(t *testing.T) storage.Store
+}{
+	{"memory", func(t *testing.T) storage.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+	{"miniredis", func(t *testing.T) storage.Store {
+		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		return redisstore.New(rdb)
+	}},
+}
+
+// env is a real server: gin.New, gin.Recovery, then whatever setup adds.
+type env struct {
+	t      *testing.T
+	srv    *httptest.Server
+	events *events
+}
+
+type events struct {
+	mu  sync.Mutex
+	all []idem.Outcome
+}
+
+func (e *events) add(ev idem.Event) {
+	e.mu.Lock()
+	e.all = append(e.all, ev.Outcome)
+	e.mu.Unlock()
+}
+
+func (e *events) get() []idem.Outcome {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]idem.Outcome(nil), e.all...)
+}
+
+// eachStore runs f on every store kind, in parallel subtests.
+func eachStore(t *testing.T, f func(t *testing.T, open func(setup func(*gin.Engine, *idem.Middleware)) *env)) {
+	for _, sk := range storeKinds {
+		t.Run(sk.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, func(setup func(*gin.Engine, *idem.Middleware)) *env {
+				e := &env{t: t, events: &events{}}
+				m, err := idem.New(sk.open(t), idem.WithObserver(e.events.add))
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := gin.New()
+				r.Use(gin.Recovery())
+				setup(r, m)
+				e.srv = httptest.NewServer(r)
+				t.Cleanup(e.srv.Close)
+				return e
+			})
+		})
+	}
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (e *env) post(path, key, body string) reply {
+	e.t.Helper()
+	res := e.send(path, key, body)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return reply{res.StatusCode, res.Header, string(b)}
+}
+
+func (e *env) send(path, key, body string) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	res, err := e.srv.Client().Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return res
+}
+
+// same requires r to be a replay of orig: status, body, Content-Type.
+func same(t *testing.T, orig, r reply) {
+	t.Helper()
+	if r.status != orig.status || r.body != orig.body || r.header.Get("Content-Type") != orig.header.Get("Content-Type") {
+		t.Fatalf("replay %d %q %q, original %d %q %q", r.status, r.header.Get("Content-Type"), r.body,
+			orig.status, orig.header.Get("Content-Type"), orig.body)
+	}
+	if r.header.Get("Idempotent-Replayed") != "true" || orig.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("Idempotent-Replayed: original %q, replay %q", orig.header.Get("Idempotent-Replayed"), r.header.Get("Idempotent-Replayed"))
+	}
+}
+
+func want(t *testing.T, runs *atomic.Int64, n int64) {
+	t.Helper()
+	if got := runs.Load(); got != n {
+		t.Fatalf("handler ran %d times, want %d", got, n)
+	}
+}
+
+// handlerCase is one Gin handler whose response the first client and the
+// replay must both get.
+type handlerCase struct {
+	name        string
+	handler     gin.HandlerFunc
+	status      int
+	body        string
+	contentType string
+}
+
+func runCases(t *testing.T, cases []handlerCase) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+				var runs atomic.Int64
+				e := open(func(r *gin.Engine, m *idem.Middleware) {
+					r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) { runs.Add(1); tc.handler(c) })
+				})
+				orig := e.post("/o", "k", "")
+				if orig.status != tc.status || orig.body != tc.body || orig.header.Get("Content-Type") != tc.contentType {
+					t.Fatalf("original: %d %q %q, want %d %q %q", orig.status, orig.header.Get("Content-Type"), orig.body,
+						tc.status, tc.contentType, tc.body)
+				}
+				same(t, orig, e.post("/o", "k", ""))
+				want(t, &runs, 1)
+			})
+		})
+	}
+}
+
+// Gin's WriteHeader only records the status and the last one wins, the
+// opposite of net/http: what the client gets is what must be stored.
+func TestLastStatusWins(t *testing.T) {
+	runCases(t, []handlerCase{
+		{"status then status then write", func(c *gin.Context) {
+			c.Status(http.StatusBadRequest)
+			c.Status(http.StatusAccepted)
+			c.Writer.WriteString("queued")
+		}, 202, "queued", "text/plain; charset=utf-8"},
+		{"status then render", func(c *gin.Context) {
+			c.Status(http.StatusInternalServerError)
+			c.String(http.StatusCreated, "made")
+		}, 201, "made", "text/plain; charset=utf-8"},
+		{"status after the body is ignored", func(c *gin.Context) {
+			c.String(http.StatusCreated, "made")
+			c.Status(http.StatusInternalServerError)
+		}, 201, "made", "text/plain; charset=utf-8"},
+	})
+}
+
+// A status without a body is only recorded by Gin (Written is false, Size
+// -1); Gin sends it after the chain. An empty handler is a 200.
+func TestBodylessStatus(t *testing.T) {
+	runCases(t, []handlerCase{
+		{"c.Status(201)", func(c *gin.Context) {
+			c.Header("Location", "/o/1")
+			c.Status(http.StatusCreated)
+			if c.Writer.Written() || c.Writer.Size() != -1 || c.Writer.Status() != 201 {
+				panic("gin semantics changed")
+			}
+		}, 201, "", ""},
+		{"empty handler", func(c *gin.Context) {}, 200, "", ""},
+	})
+}
+
+// c.JSON(204, ...), c.AbortWithStatus and c.Data with a bodyless status go
+// through WriteHeaderNow, which the writer must intercept.
+func TestWriteHeaderNow(t *testing.T) {
+	runCases(t, []handlerCase{
+		{"c.JSON(204)", func(c *gin.Context) { c.JSON(http.StatusNoContent, gin.H{"ignored": true}) }, 204, "", "application/json; charset=utf-8"},
+		{"c.AbortWithStatus(401)", func(c *gin.Context) { c.AbortWithStatus(http.StatusUnauthorized) }, 401, "", ""},
+		{"WriteHeaderNow then later status", func(c *gin.Context) {
+			c.Status(http.StatusAccepted)
+			c.Writer.WriteHeaderNow()
+			c.Status(http.StatusTeapot) // ignored: the status is out
+		}, 202, "", ""},
+	})
+}
+
+// A declined payment rendered with c.JSON is a cacheable 402.
+func TestJSON402Replayed(t *testing.T) {
+	runCases(t, []handlerCase{
+		{"c.JSON(402)", func(c *gin.Context) {
+			c.JSON(http.StatusPaymentRequired, gin.H{"error": "declined", "code": 17})
+		}, 402, `{"code":17,"error":"declined"}`, "application/json; charset=utf-8"},
+	})
+}
+
+// After a replay or a refusal the middleware must c.Abort, or Gin runs the
+// rest of the chain and the handler writes a second body.
+func TestNoHandlerAfterReplayOrRefusal(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+		var runs, after atomic.Int64
+		gate := make(chan struct{})
+		entered := make(chan struct{}, 1)
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.Use(ginidem.Middleware(m))
+			r.POST("/o", func(c *gin.Context) {
+				runs.Add(1)
+				if c.Query("slow") != "" {
+					entered <- struct{}{}
+					<-gate
+				}
+				c.String(http.StatusCreated, "order %d", runs.Load())
+			}, func(c *gin.Context) { after.Add(1) })
+		})
+		orig := e.post("/o", "k", "a")
+		if orig.status != 201 || orig.body != "order 1" {
+			t.Fatalf("original: %v", orig)
+		}
+		for range 2 {
+			same(t, orig, e.post("/o", "k", "a"))
+		}
+		if r := e.post("/o", "k", "different"); r.status != 422 || strings.Contains(r.body, "order") {
+			t.Fatalf("mismatch: %v", r)
+		}
+		done := make(chan reply)
+		go func() { done <- e.post("/o?slow=1", "k2", "") }()
+		<-entered
+		if r := e.post("/o?slow=1", "k2", ""); r.status != 409 || strings.Contains(r.body, "order") {
+			t.Fatalf("conflict: %v", r)
+		}
+		close(gate)
+		if r := <-done; r.status != 201 {
+			t.Fatalf("slow first: %v", r)
+		}
+		want(t, &runs, 2)
+		if after.Load() != 2 {
+			t.Fatalf("the handler after ran %d times, want 2 (only for executions)", after.Load())
+		}
+	})
+}
+
+// Gin runs global middleware for unmatched routes with FullPath() == "" and
+// writes its 404 (or 405) after them: nothing may be stored.
+func TestUnmatchedRouteNotStored(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.HandleMethodNotAllowed = true
+			r.Use(ginidem.Middleware(m))
+			r.GET("/only-get", func(c *gin.Context) {})
+		})
+		for range 2 {
+			if r := e.post("/nope", "k", ""); r.status != 404 || r.body != "404 page not found" || r.header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("unmatched route: %v", r)
+			}
+			if r := e.post("/only-get", "k", ""); r.status != 405 || r.header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("method not allowed: %v", r)
+			}
+		}
+		if got := e.events.get(); len(got) != 0 {
+			t.Fatalf("unmatched routes reached the middleware's protocol: %v", got)
+		}
+	})
+}
+
+// http.NewResponseController(c.Writer).Flush must reach the client at once
+// (it needs the writer's Flush/FlushError and Unwrap), and the streamed
+// response must still be replayed.
+func TestResponseControllerFlush(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+		proceed := make(chan struct{})
+		var runs atomic.Int64
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
+				runs.Add(1)
+				c.Header("Content-Type", "text/plain")
+				c.Status(http.StatusAccepted)
+				c.Writer.WriteString("first;")
+				if err := http.NewResponseController(c.Writer).Flush(); err != nil {
+					t.Errorf("ResponseController.Flush: %v", err)
+				}
+				waitOrTimeout(t, proceed, "the client never saw the flushed chunk")
+				c.Writer.WriteString("second")
+			})
+		})
+		res := e.send("/o", "k", "")
+		defer res.Body.Close()
+		head := make([]byte, len("first;"))
+		if _, err := io.ReadFull(res.Body, head); err != nil || string(head) != "first;" {
+			t.Fatalf("first chunk %q: %v", head, err)
+		}
+		close(proceed)
+		rest, _ := io.ReadAll(res.Body)
+		orig := reply{res.StatusCode, res.Header, string(head) + string(rest)}
+		if orig.status != 202 || orig.body != "first;second" {
+			t.Fatalf("original: %v", orig)
+		}
+		same(t, orig, e.post("/o", "k", ""))
+		want(t, &runs, 1)
+	})
+}
+
+// c.Stream and c.SSEvent flush every event to the client and use
+// CloseNotify.
+func TestStreamSSE(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+		proceed := make(chan struct{})
+		var runs atomic.Int64
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.POST("/events", ginidem.Middleware(m), func(c *gin.Context) {
+				runs.Add(1)
+				i := 0
+				c.Stream(func(w io.Writer) bool { // Stream flushes after each step
+					i++
+					if i == 2 {
+						waitOrTimeout(t, proceed, "the client never saw the first event")
+					}
+					c.SSEvent("tick", i)
+					return i < 3
+				})
+			})
+		})
+		res := e.send("/events", "k", "")
+		defer res.Body.Close()
+		br := bufio.NewReader(res.Body)
+		var first string
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("reading the first event: %v", err)
+			}
+			first += line
+			if line == "\n" {
+				break
+			}
+		}
+		if first != "event:tick\ndata:1\n\n" {
+			t.Fatalf("first event %q", first)
+		}
+		close(proceed)
+		rest, _ := io.ReadAll(br)
+		orig := reply{res.StatusCode, res.Header, first + string(rest)}
+		if orig.status != 200 || orig.body != "event:tick\ndata:1\n\nevent:tick\ndata:2\n\nevent:tick\ndata:3\n\n" ||
+			orig.header.Get("Content-Type") != "text/event-stream;charset=utf-8" {
+			t.Fatalf("original: %v", orig)
+		}
+		same(t, orig, e.post("/events", "k", ""))
+		want(t, &runs, 1)
+	})
+}
+
+// A hijacked connection cannot be replayed: the retry gets 409 and the
+// handler does not run again.
+func TestHijack(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+		var runs atomic.Int64
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
+				runs.Add(1)
+				conn, rw, err := c.Writer.Hijack()
+				if err != nil {
+					t.Errorf("Hijack: %v", err)
+					return
+				}
+				defer conn.Close()
+				rw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+				rw.Flush()
+			})
+		})
+		if r := e.post("/o", "k", ""); r.status != 200 || r.body != "hi" {
+			t.Fatalf("hijacked: %v", r)
+		}
+		if r := e.post("/o", "k", ""); r.status != 409 || !strings.Contains(r.body, "ErrNotReplayable") {
+			t.Fatalf("retry after hijack: %v", r)
+		}
+		want(t, &runs, 1)
+	})
+}
+
+// Outer middleware (a logger) sees the final status, replays and refusals
+// included, and gets its own c.Writer back, even after a panic.
+func TestOuterMiddlewareSeesFinalStatus(t *testing.T) {
+	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+		var mu sync.Mutex
+		var logged []int
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.Use(func(c *gin.Context) {
+				w := c.Writer
+				defer func() {
+					if c.Writer != w {
+						t.Error("c.Writer was not restored")
+					}
+					mu.Lock()
+					logged = append(logged, c.Writer.Status())
+					mu.Unlock()
+				}()
+				c.Next()
+			}, ginidem.Middleware(m))
+			r.POST("/o", func(c *gin.Context) {
+				if c.Query("panic") != "" {
+					panic("boom")
+				}
+				c.Status(http.StatusCreated) // bodyless: Gin sends it after the chain
+			})
+		})
+		e.post("/o", "k", "")
+		e.post("/o", "k", "")
+		e.post("/o", "k", "other body")
+		e.post("/o?panic=1", "k2", "")
+		mu.Lock()
+		defer mu.Unlock()
+		// The panic passes the logger before gin.Recovery writes the 500.
+		if want := []int{201, 201, 422, 200}; !equalInts(logged, want) {
+			t.Fatalf("logged %v, want %v", logged, want)
+		}
+	})
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// The writer is a complete gin.ResponseWriter: none of its methods panics
+// on an httptest.ResponseRecorder (Gin's own CloseNotify and Hijack do).
+func TestWriterOnRecorder(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	m, err := idem.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gin.New()
+	r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
+		w := c.Writer
+		check := func(what string, ok bool) {
+			if !ok {
+				t.Errorf("%s", what)
+			}
+		}
+		check("Pusher is nil", w.Pusher() == nil)
+		check("CloseNotify is nil", w.CloseNotify() == nil)
+		_, _, err := w.Hijack()
+		check("Hijack fails", err != nil)
+		check("initial state", w.Status() == 200 && w.Size() == 0 && w.Written()) // Hijack marks it written, as in Gin
+	})
+	r.POST("/w", ginidem.Middleware(m), func(c *gin.Context) {
+		w := c.Writer
+		if w.Status() != 200 || w.Size() != -1 || w.Written() {
+			t.Errorf("initial: %d %d %v", w.Status(), w.Size(), w.Written())
+		}
+		w.WriteHeader(201)
+		w.WriteHeader(0) // ignored, as in Gin
+		w.WriteHeaderNow()
+		w.WriteHeader(500) // ignored: the status is out
+		if w.Status() != 201 || w.Size() != 0 || !w.Written() {
+			t.Errorf("after WriteHeaderNow: %d %d %v", w.Status(), w.Size(), w.Written())
+		}
+		w.Write([]byte("ab"))
+		w.WriteString("cd")
+		w.Flush()
+		if w.Size() != 4 {
+			t.Errorf("Size %d", w.Size())
+		}
+		if _, _, err := w.Hijack(); err == nil {
+			t.Error("Hijack after the body succeeded")
+		}
+		if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); !ok || u.Unwrap() == nil {
+			t.Error("no Unwrap")
+		}
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("ResponseController.Flush: %v", err)
+		}
+	})
+	for _, path := range []string{"/o", "/w"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, path, nil)
+		req.Header.Set("Idempotency-Key", "k")
+		r.ServeHTTP(rec, req)
+		if path == "/w" && (rec.Code != 201 || rec.Body.String() != "abcd" || !rec.Flushed) {
+			t.Errorf("%s: %d %q flushed=%v", path, rec.Code, rec.Body, rec.Flushed)
+		}
+	}
+}
+
+func waitOrTimeout(t *testing.T, c <-chan struct{}, msg string) {
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Error(msg)
+	}
+}
