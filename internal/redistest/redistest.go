@@ -2,15 +2,26 @@
 // trips a go-redis client makes.
 //
 // [Addr] returns IDEM_REDIS_ADDR when it is set. Otherwise it starts one
-// redis-server from PATH per test binary, on a free loopback port, without
-// persistence; [Main] stops it when the tests end (and the kernel kills it
-// if the test binary dies first). Without a server the test is skipped,
-// unless IDEM_REQUIRE_REDIS=1, as in CI, where it fails.
+// redis-server from PATH per test binary, lazily, on a free loopback port,
+// without persistence, and shares it between the tests of the binary (so
+// tests must use keys or prefixes of their own). Without a redis-server the
+// test is skipped, unless IDEM_REQUIRE_REDIS=1 (as in CI), where it fails.
+//
+// The shared server is stopped when the tests end if the package's TestMain
+// goes through [Main] or [Wrap]:
+//
+//	func TestMain(m *testing.M) { redistest.Main(m) }            // goleak included
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
+//
+// On Linux the server also gets SIGKILL when the test binary exits, so a
+// package that forgets to do so, or a test binary that crashes, leaves no
+// server behind.
 package redistest
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -18,7 +29,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,83 +36,161 @@ import (
 	"go.uber.org/goleak"
 )
 
-var (
-	mu      sync.Mutex
-	started *exec.Cmd
-	addr    string
-	failed  error
+// Environment variables read by [Addr] and [Start].
+const (
+	// EnvAddr names a running Redis to use instead of starting one.
+	EnvAddr = "IDEM_REDIS_ADDR"
+	// EnvRequire, set to "1", turns a missing redis-server into a failure.
+	EnvRequire = "IDEM_REQUIRE_REDIS"
 )
 
-// Addr returns the address of a real redis-server, starting one if need
-// be. Tests sharing it must use keys (or prefixes) of their own.
+const noServer = "redistest: no redis-server on PATH and IDEM_REDIS_ADDR unset"
+
+// shared is the server that Addr starts for the whole test binary.
+var shared struct {
+	mu   sync.Mutex
+	srv  *server
+	err  error // why it could not start; sticky, so it is tried once
+	done bool  // tried
+}
+
+// Addr returns the address of a real redis-server: IDEM_REDIS_ADDR when it
+// is set (returned as is, never flushed), else a server that Addr starts on
+// first use and shares with every test of the binary. It skips the test
+// when there is no redis-server on PATH, or fails it when
+// IDEM_REQUIRE_REDIS=1; it fails the test when redis-server is there but
+// does not start.
 func Addr(t testing.TB) string {
 	t.Helper()
-	if a := os.Getenv("IDEM_REDIS_ADDR"); a != "" {
+	if a := os.Getenv(EnvAddr); a != "" {
 		return a
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if addr == "" && failed == nil {
-		addr, failed = start()
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if !shared.done {
+		shared.done = true
+		shared.srv, shared.err = start()
 	}
-	if failed != nil {
-		if os.Getenv("IDEM_REQUIRE_REDIS") == "1" {
-			t.Fatalf("redistest: IDEM_REQUIRE_REDIS=1 but no Redis: %v", failed)
-		}
-		t.Skipf("redistest: no Redis (%v); install redis-server or set IDEM_REDIS_ADDR", failed)
-	}
-	return addr
+	check(t, shared.err)
+	return shared.srv.addr
 }
 
-// Start starts a new redis-server on a free loopback port with extra
-// arguments, for tests that stop, stall or kill it. It returns the command
-// and its address; the caller stops it with t.Cleanup(func(){ Stop(cmd) }).
-// It skips or fails the test like Addr when there is no redis-server.
-func Start(t testing.TB, args ...string) (*exec.Cmd, string) {
+// Start starts a redis-server of the test's own, with extra command-line
+// arguments (for example "--cluster-enabled", "yes"), and returns its
+// address. It ignores IDEM_REDIS_ADDR. The server is killed, and waited
+// for, when the test ends. It skips or fails the test like [Addr].
+func Start(t testing.TB, args ...string) string {
 	t.Helper()
-	cmd, a, err := startServer(args...)
-	if err != nil {
-		if os.Getenv("IDEM_REQUIRE_REDIS") == "1" {
-			t.Fatalf("redistest: IDEM_REQUIRE_REDIS=1 but no Redis: %v", err)
-		}
-		t.Skipf("redistest: no Redis (%v); install redis-server", err)
-	}
-	return cmd, a
+	srv, err := start(args...)
+	check(t, err)
+	t.Cleanup(srv.stop)
+	return srv.addr
 }
 
-func start() (string, error) {
-	cmd, a, err := startServer()
-	if err == nil {
-		started = cmd
+// check skips or fails t for a start error.
+func check(t testing.TB, err error) {
+	t.Helper()
+	switch {
+	case err == nil:
+	case errors.Is(err, exec.ErrNotFound) && os.Getenv(EnvRequire) != "1":
+		t.Skip(noServer)
+	case errors.Is(err, exec.ErrNotFound):
+		t.Fatal(noServer + ", and " + EnvRequire + "=1")
+	default:
+		t.Fatalf("redistest: %v", err)
 	}
-	return a, err
 }
 
-func startServer(args ...string) (*exec.Cmd, string, error) {
+// Wrap returns m with a Run that runs the tests and then stops the shared
+// server, for a TestMain of its own:
+//
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
+func Wrap(m *testing.M) goleak.TestingM { return wrapped{m} }
+
+type wrapped struct{ m *testing.M }
+
+func (w wrapped) Run() int {
+	defer stopShared()
+	return w.m.Run()
+}
+
+// Main runs the tests, stops the shared server, fails the run if goroutines
+// leaked (go.uber.org/goleak) and exits. Call it from TestMain.
+func Main(m *testing.M) { goleak.VerifyTestMain(Wrap(m)) }
+
+func stopShared() {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.srv != nil {
+		shared.srv.stop()
+	}
+	shared.srv, shared.err, shared.done = nil, nil, false
+}
+
+type server struct {
+	cmd  *exec.Cmd
+	addr string
+	log  string // file holding the server's output
+}
+
+// stop kills the server, waits for it and removes its log.
+func (s *server) stop() {
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	os.Remove(s.log)
+}
+
+// start runs redis-server on a free loopback port. A port taken between
+// choosing it and the server binding it makes the server exit, so it tries
+// a few ports.
+func start(args ...string) (*server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, "", err
+	for attempt := 1; ; attempt++ {
+		srv, err := startOn(bin, args)
+		if err == nil || attempt == 3 {
+			return srv, err
+		}
 	}
-	a := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no"}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, "", err
-	}
-	if err := WaitReady(a, 10*time.Second); err != nil {
-		Stop(cmd)
-		return nil, "", err
-	}
-	return cmd, a, nil
 }
 
-// WaitReady polls addr with PING until it answers or timeout passes.
-func WaitReady(addr string, timeout time.Duration) error {
+func startOn(bin string, args []string) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	// The output goes to a file, not a pipe: a pipe needs a goroutine that
+	// copies it, which goleak would report in packages that never stop the
+	// shared server.
+	log, err := os.CreateTemp("", "redistest-*.log")
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	srv := &server{
+		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		log:  log.Name(),
+		cmd: exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--daemonize", "no"}, args...)...),
+	}
+	srv.cmd.Stdout, srv.cmd.Stderr = log, log
+	srv.cmd.SysProcAttr = sysProcAttr()
+	if err := srv.cmd.Start(); err != nil {
+		os.Remove(srv.log)
+		return nil, err
+	}
+	if err := waitReady(srv.addr, 5*time.Second); err != nil {
+		out, _ := os.ReadFile(srv.log)
+		srv.stop()
+		return nil, fmt.Errorf("redis-server on %s: %w; its output:\n%s", srv.addr, err, out)
+	}
+	return srv, nil
+}
+
+// waitReady polls addr with PING until it answers or timeout passes.
+func waitReady(addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := ping(addr)
@@ -110,9 +198,9 @@ func WaitReady(addr string, timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redis at %s not ready after %v: %w", addr, timeout, err)
+			return fmt.Errorf("not ready after %v: %w", timeout, err)
 		}
-		time.Sleep(20 * time.Millisecond) // polling an external process; nothing to wait on
+		time.Sleep(10 * time.Millisecond) // an external process: nothing to wait on but time
 	}
 }
 
@@ -145,55 +233,36 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Stop kills a server started by Start and waits for it to exit.
-func Stop(cmd *exec.Cmd) {
-	if cmd == nil || cmd.Process == nil {
-		return
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-}
+// CommandCounter is a go-redis hook that counts round trips: one per
+// command, one per pipeline (or transaction). A script run through
+// redis.Script that falls back from EVALSHA to EVAL counts two, as it
+// costs two. The commands a client sends to set up a new connection (HELLO,
+// CLIENT SETINFO) go through the hooks too, so warm the connection up
+// before counting. Add it with AddHook; the zero value is ready to use and
+// safe for concurrent use.
+type CommandCounter struct{ n atomic.Int64 }
 
-// Main runs the tests, stops the shared redis-server, and fails the run if
-// goroutines leaked. Call it from TestMain.
-func Main(m *testing.M) {
-	code := m.Run()
-	mu.Lock()
-	Stop(started)
-	started, addr = nil, ""
-	mu.Unlock()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+var _ redis.Hook = (*CommandCounter)(nil)
 
-// Counter is a go-redis hook that counts round trips: one per command,
-// one per pipeline. Add it with rdb.AddHook. Safe for concurrent use.
-type Counter struct{ n atomic.Int64 }
-
-// Count returns the round trips since the last Reset.
-func (c *Counter) Count() int64 { return c.n.Load() }
+// Count returns the round trips since creation or the last Reset.
+func (c *CommandCounter) Count() int64 { return c.n.Load() }
 
 // Reset sets the count to zero.
-func (c *Counter) Reset() { c.n.Store(0) }
+func (c *CommandCounter) Reset() { c.n.Store(0) }
 
-// DialHook implements redis.Hook.
-func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+// DialHook implements redis.Hook; dialing is not counted.
+func (c *CommandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-// ProcessHook implements redis.Hook.
-func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+// ProcessHook implements redis.Hook: one per command.
+func (c *CommandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.n.Add(1)
 		return next(ctx, cmd)
 	}
 }
 
-// ProcessPipelineHook implements redis.Hook.
-func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+// ProcessPipelineHook implements redis.Hook: one per pipeline.
+func (c *CommandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		c.n.Add(1)
 		return next(ctx, cmds)

@@ -46,7 +46,7 @@ func TestContractRedis(t *testing.T) {
 func TestOneRoundTripEach(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
 	t.Cleanup(func() { rdb.Close() })
-	var c redistest.Counter
+	var c redistest.CommandCounter
 	rdb.AddHook(&c)
 	s := redisstore.New(rdb, redisstore.WithPrefix("rt:"))
 	// Warm the script cache once.
