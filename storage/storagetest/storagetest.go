@@ -1,21 +1,27 @@
-// Package storagetest is the contract suite of storage.Store. Every store
+// Package storagetest is the contract suite of [storage.Store]. Every store
 // of this module passes it, and so must a store written by a user:
 //
 //	func TestContract(t *testing.T) {
 //		storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-//			return storagetest.Harness{Store: mystore.New(...)}
+//			s := mystore.New(...)
+//			t.Cleanup(func() { s.Close() })
+//			return storagetest.Harness{Store: s, Advance: clock.Advance}
 //		})
 //	}
 //
-// It uses the standard testing package only.
+// It checks every clause of the documentation of [storage.Store]: the three
+// outcomes of Acquire, owner checks on Complete, Release and Extend, resends,
+// lease and TTL expiry, rounding to milliseconds, invalid arguments, binary
+// safety of fingerprints, owners and records, and that exactly one of many
+// concurrent acquirers wins. It uses the standard testing package only.
 package storagetest
 
 import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -26,24 +32,479 @@ import (
 
 // Harness is one store under test.
 type Harness struct {
-	// Store is the store under test. Each subtest uses keys of its own, so
-	// one store may serve every subtest.
+	// Store is the store under test. Every subtest uses keys of its own
+	// (random, starting with "storagetest:"), so one store may serve every
+	// subtest, and a store shared with other tests may be used.
 	Store storage.Store
-	// Advance moves the store's clock forward (an injected clock,
-	// miniredis's FastForward). Leave it nil when the clock cannot be moved,
-	// as with a real Redis server: the expiry tests then use leases of a few
-	// tens of milliseconds and poll, for at most two seconds.
+
+	// Advance moves the store's clock forward by d: an injected clock, or
+	// miniredis's FastForward. It must affect this harness's store only.
+	//
+	// Leave it nil when the clock cannot be moved, as with a real Redis
+	// server. The expiry subtests then give entries 50 ms and poll, for at
+	// most two seconds, until they are gone; they fail if an entry went
+	// before its time.
 	Advance func(d time.Duration)
 }
 
-// Run runs the contract suite. newHarness is called once per subtest.
+// Run runs the contract suite, one subtest per clause. newHarness is called
+// once per subtest. The subtests run one after another.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			tc.run(t, &suite{Harness: h, t: t, ctx: context.Background()})
+	t.Helper()
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			for _, c := range g.cases {
+				t.Run(c.name, func(t *testing.T) {
+					c.run(&suite{Harness: newHarness(t), t: t, ctx: t.Context()})
+				})
+			}
 		})
 	}
+}
+
+type testCase struct {
+	name string
+	run  func(s *suite)
+}
+
+var groups = []struct {
+	name  string
+	cases []testCase
+}{
+	{"Acquire", acquireCases},
+	{"Complete", completeCases},
+	{"Release", releaseCases},
+	{"Extend", extendCases},
+	{"Expiry", expiryCases},
+	{"Milliseconds", millisecondCases},
+	{"Invalid", invalidCases},
+	{"Binary", binaryCases},
+	{"Concurrent", concurrentCases},
+}
+
+const (
+	minute = time.Minute
+	hour   = time.Hour
+)
+
+var acquireCases = []testCase{
+	{"New", func(s *suite) {
+		s.wantAcquired(s.acquire(s.key(), "o1", "fp", minute))
+	}},
+	{"SameOwnerRenewsLease", func(s *suite) {
+		k := s.key()
+		s.wantState(s.acquire(k, "o1", "fp", minute), storage.Acquired)
+		s.wantAcquired(s.acquire(k, "o1", "fp", hour))
+		res := s.wantInFlight(k, "fp")
+		if res.LeaseLeft <= minute {
+			s.t.Fatalf("lease left %v: acquiring again did not renew the lease to an hour", res.LeaseLeft)
+		}
+	}},
+	{"OtherOwnerInFlight", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp-1", minute)
+		res := s.acquire(k, "o2", "fp-2", minute)
+		s.wantState(res, storage.InFlight)
+		if res.Fingerprint != "fp-1" {
+			s.t.Fatalf("in flight: fingerprint %q, want the holder's %q", res.Fingerprint, "fp-1")
+		}
+		if res.LeaseLeft < time.Millisecond || res.LeaseLeft > minute {
+			s.t.Fatalf("in flight: lease left %v, want between 1ms and the lease of %v", res.LeaseLeft, minute)
+		}
+		if res.Record != nil {
+			s.t.Fatalf("in flight: record %q, want nil", res.Record)
+		}
+		// The losing acquire changed nothing: o1 still holds the entry.
+		s.wantInFlight(k, "fp-1")
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+	{"Done", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		for _, owner := range []string{"o1", "o2"} {
+			res := s.acquire(k, owner, "another fingerprint", minute)
+			s.wantState(res, storage.Done)
+			if res.Fingerprint != "fp" || string(res.Record) != "record" || res.LeaseLeft != 0 {
+				s.t.Fatalf("Acquire of a done entry by %s: %+v, want fingerprint %q and record %q", owner, res, "fp", "record")
+			}
+		}
+	}},
+}
+
+var completeCases = []testCase{
+	{"ByOwner", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"ByOtherOwner", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.is(s.Store.Complete(s.ctx, k, "o2", []byte("x"), hour), storage.ErrNotOwner, "Complete by another owner")
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("record"), hour)
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"Missing", func(s *suite) {
+		k := s.key()
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("x"), hour), storage.ErrNotOwner, "Complete of a missing key")
+		s.wantState(s.acquire(k, "o2", "fp", minute), storage.Acquired)
+	}},
+	{"ResendSameRecord", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		if err := s.Store.Complete(s.ctx, k, "o1", []byte("record"), hour); err != nil {
+			s.t.Fatalf("Complete resent with the same record: %v, want nil", err)
+		}
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"OtherRecordAfterDone", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("other"), hour), storage.ErrNotOwner, "Complete with another record after done")
+		s.is(s.Store.Complete(s.ctx, k, "o2", []byte("record!"), hour), storage.ErrNotOwner, "Complete by another owner after done")
+		s.is(s.Store.Complete(s.ctx, k, "o1", nil, hour), storage.ErrNotOwner, "Complete with an empty record after done")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"DoesNotRetainCallerBuffer", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		buf := []byte("record")
+		s.complete(k, "o1", buf, hour)
+		copy(buf, "XXXXXX")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+}
+
+var releaseCases = []testCase{
+	{"ByOwnerThenReacquire", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp-1", minute)
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release by the owner: %v", err)
+		}
+		s.wantState(s.acquire(k, "o2", "fp-2", minute), storage.Acquired)
+		s.wantInFlight(k, "fp-2")
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("r"), hour), storage.ErrNotOwner, "Complete by the owner that released")
+	}},
+	{"MissingAndResend", func(s *suite) {
+		if err := s.Store.Release(s.ctx, s.key(), "o1"); err != nil {
+			s.t.Fatalf("Release of a missing key: %v, want nil", err)
+		}
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release: %v", err)
+		}
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release resent: %v, want nil", err)
+		}
+	}},
+	{"ByOtherOwner", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.is(s.Store.Release(s.ctx, k, "o2"), storage.ErrNotOwner, "Release by another owner")
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+	{"Done", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		s.is(s.Store.Release(s.ctx, k, "o1"), storage.ErrNotOwner, "Release of a done entry by its owner")
+		s.is(s.Store.Release(s.ctx, k, "o2"), storage.ErrNotOwner, "Release of a done entry by another owner")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+}
+
+var extendCases = []testCase{
+	{"ByOwnerOutlivesLease", func(s *suite) {
+		k, control := s.key(), s.key()
+		lease := s.short()
+		start := time.Now()
+		s.acquire(k, "o1", "fp", lease)
+		s.acquire(control, "o1", "fp", lease)
+		if err := s.Store.Extend(s.ctx, k, "o1", hour); err != nil {
+			s.t.Fatalf("Extend by the owner: %v", err)
+		}
+		if err := s.Store.Extend(s.ctx, k, "o1", hour); err != nil {
+			s.t.Fatalf("Extend resent: %v", err)
+		}
+		// The control entry, acquired after k with the same lease, expires:
+		// k's original lease has run out too.
+		s.expire(start, lease, s.gone(control))
+		res := s.wantInFlight(k, "fp")
+		if res.LeaseLeft <= lease {
+			s.t.Fatalf("lease left %v after Extend to an hour", res.LeaseLeft)
+		}
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+	{"NotOwner", func(s *suite) {
+		k := s.key()
+		s.is(s.Store.Extend(s.ctx, k, "o1", minute), storage.ErrNotOwner, "Extend of a missing key")
+		s.wantState(s.acquire(k, "o1", "fp", minute), storage.Acquired) // and it did not create one
+		s.is(s.Store.Extend(s.ctx, k, "o2", hour), storage.ErrNotOwner, "Extend by another owner")
+		if res := s.wantInFlight(k, "fp"); res.LeaseLeft > minute {
+			s.t.Fatalf("lease left %v: Extend by another owner renewed the lease", res.LeaseLeft)
+		}
+		s.complete(k, "o1", []byte("record"), hour)
+		s.is(s.Store.Extend(s.ctx, k, "o1", minute), storage.ErrNotOwner, "Extend of a done entry")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+}
+
+var expiryCases = []testCase{
+	{"LeaseFreesKey", func(s *suite) {
+		k := s.key()
+		lease := s.short()
+		start := time.Now()
+		s.acquire(k, "o1", "fp-1", lease)
+		s.expire(start, lease, s.gone(k)) // the probe that finds it gone acquires it
+		s.wantInFlight(k, "fp-probe")
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("late"), hour), storage.ErrNotOwner, "Complete after the lease ran out")
+		s.is(s.Store.Extend(s.ctx, k, "o1", minute), storage.ErrNotOwner, "Extend after the lease ran out")
+		s.is(s.Store.Release(s.ctx, k, "o1"), storage.ErrNotOwner, "Release after the lease ran out and another owner took it")
+		s.wantInFlight(k, "fp-probe")
+	}},
+	{"LeaseRanOutNothingHeld", func(s *suite) {
+		k := s.key()
+		lease := s.short()
+		start := time.Now()
+		s.acquire(k, "o1", "fp", lease)
+		// Release by a stranger answers ErrNotOwner while the lease holds and
+		// nil once the entry is gone, changing nothing either way.
+		s.expire(start, lease, func() bool { return s.Store.Release(s.ctx, k, "stranger") == nil })
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("late"), hour), storage.ErrNotOwner, "Complete after the lease ran out")
+		s.is(s.Store.Extend(s.ctx, k, "o1", minute), storage.ErrNotOwner, "Extend after the lease ran out")
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release after the lease ran out: %v, want nil", err)
+		}
+		s.wantState(s.acquire(k, "o2", "fp", minute), storage.Acquired)
+	}},
+	{"DoneAfterTTL", func(s *suite) {
+		k := s.key()
+		ttl := s.short()
+		s.acquire(k, "o1", "fp", hour)
+		start := time.Now()
+		s.complete(k, "o1", []byte("r"), ttl)
+		s.wantDone(k, "fp", []byte("r"))
+		s.expire(start, ttl, s.gone(k))
+	}},
+}
+
+var millisecondCases = []testCase{
+	// A store that truncated a sub-millisecond duration to zero would
+	// delete the entry at once (Redis's PEXPIRE 0) or refuse it (SET PX 0).
+	{"SubMillisecondLease", func(s *suite) {
+		s.eventually("a 100µs lease is gone at once", func(k string) bool {
+			s.acquire(k, "o1", "fp", 100*time.Microsecond)
+			return s.acquire(k, "o2", "fp", minute).State == storage.InFlight
+		})
+	}},
+	{"SubMillisecondExtend", func(s *suite) {
+		s.eventually("an Extend of 100µs deleted the entry at once", func(k string) bool {
+			s.acquire(k, "o1", "fp", minute)
+			if err := s.Store.Extend(s.ctx, k, "o1", 100*time.Microsecond); err != nil {
+				s.t.Fatalf("Extend by 100µs: %v", err)
+			}
+			return s.acquire(k, "o2", "fp", minute).State == storage.InFlight
+		})
+	}},
+	{"SubMillisecondTTL", func(s *suite) {
+		s.eventually("a 100µs TTL is gone at once", func(k string) bool {
+			s.acquire(k, "o1", "fp", minute)
+			s.complete(k, "o1", []byte("r"), 100*time.Microsecond)
+			return s.acquire(k, "o2", "fp", minute).State == storage.Done
+		})
+	}},
+	{"RoundsUp", func(s *suite) {
+		// 1.5ms is kept as 2ms, not 1ms. On a real clock the lease left
+		// may read 1ms if a millisecond ticked between the two calls, but
+		// not every time.
+		var k string
+		s.eventually("a lease of 1.5ms never had 2ms left", func(key string) bool {
+			k = key
+			s.acquire(k, "o1", "fp", 1500*time.Microsecond)
+			res := s.acquire(k, "o2", "fp", minute)
+			return res.State == storage.InFlight && res.LeaseLeft == 2*time.Millisecond
+		})
+		if s.Advance == nil {
+			return
+		}
+		s.Advance(time.Millisecond)
+		if res := s.wantInFlight(k, "fp"); res.LeaseLeft != time.Millisecond {
+			s.t.Fatalf("a lease of 1.5ms, 1ms later: %v left, want 1ms", res.LeaseLeft)
+		}
+		s.Advance(time.Millisecond)
+		if !s.gone(k)() {
+			s.t.Fatal("a lease of 1.5ms still held 2ms later")
+		}
+	}},
+}
+
+var invalidCases = []testCase{
+	{"Acquire", func(s *suite) {
+		for _, c := range []struct {
+			what            string
+			key, owner, fp  string
+			lease           time.Duration
+			checkNotCreated bool
+		}{
+			{"empty key", "", "o", "fp", minute, false},
+			{"empty owner", s.key(), "", "fp", minute, true},
+			{"fingerprint of MaxFingerprintLen+1 bytes", s.key(), "o", strings.Repeat("f", storage.MaxFingerprintLen+1), minute, true},
+			{"zero lease", s.key(), "o", "fp", 0, true},
+			{"negative lease", s.key(), "o", "fp", -time.Second, true},
+		} {
+			res, err := s.Store.Acquire(s.ctx, c.key, c.owner, c.fp, c.lease)
+			s.is(err, storage.ErrInvalid, "Acquire with "+c.what)
+			if res.State != 0 {
+				s.t.Errorf("Acquire with %s: state %v alongside the error", c.what, res.State)
+			}
+			if c.checkNotCreated {
+				s.wantState(s.acquire(c.key, "probe", "fp", minute), storage.Acquired)
+			}
+		}
+	}},
+	{"LongestFingerprint", func(s *suite) {
+		k := s.key()
+		fp := strings.Repeat("\xff", storage.MaxFingerprintLen)
+		s.wantState(s.acquire(k, "o1", fp, minute), storage.Acquired)
+		s.wantInFlight(k, fp)
+		s.complete(k, "o1", []byte("r"), hour)
+		s.wantDone(k, fp, []byte("r"))
+	}},
+	{"CompleteTTL", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("r"), 0), storage.ErrInvalid, "Complete with a zero ttl")
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("r"), -time.Second), storage.ErrInvalid, "Complete with a negative ttl")
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+	{"ExtendLease", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.is(s.Store.Extend(s.ctx, k, "o1", 0), storage.ErrInvalid, "Extend by zero")
+		s.is(s.Store.Extend(s.ctx, k, "o1", -time.Second), storage.ErrInvalid, "Extend by a negative lease")
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+}
+
+var binaryCases = []testCase{
+	{"Records", func(s *suite) {
+		all := make([]byte, 256)
+		for i := range all {
+			all[i] = byte(i)
+		}
+		for _, c := range []struct {
+			name string
+			rec  []byte
+		}{
+			{"every byte value", all},
+			{"NUL bytes", []byte{0, 0, 'x', 0}},
+			{"looks like an entry", []byte("P\x02fpowner")},
+			{"CRLF", []byte("\r\n$-1\r\n")},
+			{"empty", []byte{}},
+			{"nil", nil},
+			{"1 MiB", bytes.Repeat([]byte{0, 'P', 'D', 0xff}, 1<<18)},
+		} {
+			k := s.key()
+			s.acquire(k, "o1", "fp", minute)
+			s.complete(k, "o1", c.rec, hour)
+			res := s.acquire(k, "o2", "", minute)
+			if res.State != storage.Done || !bytes.Equal(res.Record, c.rec) {
+				s.t.Errorf("record %s: came back as state %v, %d bytes, want %d bytes as given", c.name, res.State, len(res.Record), len(c.rec))
+			}
+			if err := s.Store.Complete(s.ctx, k, "o1", c.rec, hour); err != nil {
+				s.t.Errorf("record %s: resent Complete: %v", c.name, err)
+			}
+		}
+	}},
+	{"Fingerprints", func(s *suite) {
+		for _, n := range []int{0, 1, 2, 127, 128, 129, 254, storage.MaxFingerprintLen} {
+			fp := make([]byte, n)
+			for i := range fp {
+				fp[i] = byte(255 - i) // high bytes, and NUL at 255
+			}
+			k := s.key()
+			s.acquire(k, "o1", string(fp), minute)
+			if res := s.acquire(k, "o2", "", minute); res.Fingerprint != string(fp) {
+				s.t.Errorf("fingerprint of %d bytes came back in flight as %q", n, res.Fingerprint)
+			}
+			s.complete(k, "o1", []byte("r"), hour)
+			if res := s.acquire(k, "o2", "", minute); res.Fingerprint != string(fp) {
+				s.t.Errorf("fingerprint of %d bytes came back done as %q", n, res.Fingerprint)
+			}
+		}
+	}},
+	{"Owners", func(s *suite) {
+		// Owners that are prefixes of each other, or differ only past a
+		// NUL byte, are different owners.
+		for _, pair := range [][2]string{{"o", "o\x00"}, {"ab", "abc"}, {"abc", "ab"}, {"\x00\xff", "\x00\xfe"}, {"o\x00x", "o\x00y"}} {
+			holder, other := pair[0], pair[1]
+			k := s.key()
+			s.wantState(s.acquire(k, holder, "fp", minute), storage.Acquired)
+			s.wantState(s.acquire(k, holder, "fp", minute), storage.Acquired)
+			s.wantState(s.acquire(k, other, "fp", minute), storage.InFlight)
+			s.is(s.Store.Extend(s.ctx, k, other, minute), storage.ErrNotOwner, fmt.Sprintf("Extend by %q of %q's entry", other, holder))
+			s.is(s.Store.Release(s.ctx, k, other), storage.ErrNotOwner, fmt.Sprintf("Release by %q of %q's entry", other, holder))
+			s.is(s.Store.Complete(s.ctx, k, other, []byte("r"), hour), storage.ErrNotOwner, fmt.Sprintf("Complete by %q of %q's entry", other, holder))
+			if err := s.Store.Extend(s.ctx, k, holder, minute); err != nil {
+				s.t.Fatalf("Extend by %q: %v", holder, err)
+			}
+			s.complete(k, holder, []byte("r"), hour)
+		}
+	}},
+}
+
+var concurrentCases = []testCase{
+	{"AcquireOneWinner", func(s *suite) {
+		const n = 50
+		k := s.key()
+		results := make([]storage.Result, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				res, err := s.Store.Acquire(s.ctx, k, fmt.Sprint("owner-", i), fmt.Sprint("fp-", i), minute)
+				if err != nil {
+					s.t.Errorf("owner-%d: Acquire: %v", i, err)
+				}
+				results[i] = res
+			})
+		}
+		close(start)
+		wg.Wait()
+		if s.t.Failed() {
+			return
+		}
+		winner := -1
+		for i, res := range results {
+			if res.State != storage.Acquired {
+				continue
+			}
+			if winner >= 0 {
+				s.t.Fatalf("owner-%d and owner-%d both acquired the key", winner, i)
+			}
+			winner = i
+		}
+		if winner < 0 {
+			s.t.Fatalf("none of %d concurrent owners acquired the key", n)
+		}
+		for i, res := range results {
+			if i != winner && (res.State != storage.InFlight || res.Fingerprint != fmt.Sprint("fp-", winner)) {
+				s.t.Fatalf("owner-%d: %v with fingerprint %q, want in flight with the winner's %q", i, res.State, res.Fingerprint, fmt.Sprint("fp-", winner))
+			}
+		}
+		s.complete(k, fmt.Sprint("owner-", winner), []byte("r"), hour)
+	}},
 }
 
 type suite struct {
@@ -53,306 +514,132 @@ type suite struct {
 }
 
 // key returns a key no other subtest uses.
-func (s *suite) key() string {
-	b := make([]byte, 8)
-	rand.Read(b)
-	return "storagetest:" + hex.EncodeToString(b)
+func (s *suite) key() string { return "storagetest:" + rand.Text() }
+
+// short is a lease or TTL to let run out: 50ms on a real clock, where the
+// suite polls until it has, and a minute when the clock can be moved past
+// it.
+func (s *suite) short() time.Duration {
+	if s.Advance != nil {
+		return minute
+	}
+	return 50 * time.Millisecond
 }
 
 func (s *suite) acquire(key, owner, fp string, lease time.Duration) storage.Result {
 	s.t.Helper()
 	res, err := s.Store.Acquire(s.ctx, key, owner, fp, lease)
 	if err != nil {
-		s.t.Fatalf("Acquire(%q, %q): %v", key, owner, err)
+		s.t.Fatalf("Acquire(%q, %q, %q, %v): %v", key, owner, fp, lease, err)
 	}
 	return res
 }
 
-func (s *suite) mustState(res storage.Result, want storage.State) {
+func (s *suite) complete(key, owner string, rec []byte, ttl time.Duration) {
 	s.t.Helper()
-	if res.State != want {
-		s.t.Fatalf("Acquire state %v, want %v (%+v)", res.State, want, res)
+	if err := s.Store.Complete(s.ctx, key, owner, rec, ttl); err != nil {
+		s.t.Fatalf("Complete(%q, %q, %d bytes, %v): %v", key, owner, len(rec), ttl, err)
 	}
 }
 
-func (s *suite) complete(key, owner string, rec []byte) {
+// wantAcquired checks that res says Acquired and nothing else.
+func (s *suite) wantAcquired(res storage.Result) {
 	s.t.Helper()
-	if err := s.Store.Complete(s.ctx, key, owner, rec, time.Hour); err != nil {
-		s.t.Fatalf("Complete: %v", err)
+	if res.State != storage.Acquired || res.Fingerprint != "" || res.LeaseLeft != 0 || res.Record != nil {
+		s.t.Fatalf("Acquire: %+v, want State Acquired and every other field empty", res)
+	}
+}
+
+func (s *suite) wantState(res storage.Result, want storage.State) {
+	s.t.Helper()
+	if res.State != want {
+		s.t.Fatalf("Acquire: state %v, want %v (%+v)", res.State, want, res)
+	}
+}
+
+// wantInFlight checks, as another owner, that key is held with fingerprint
+// fp, and returns what that Acquire found.
+func (s *suite) wantInFlight(key, fp string) storage.Result {
+	s.t.Helper()
+	res := s.acquire(key, "storagetest-observer", "observer's fingerprint", minute)
+	if res.State != storage.InFlight || res.Fingerprint != fp {
+		s.t.Fatalf("entry is %v with fingerprint %q, want in flight with %q", res.State, res.Fingerprint, fp)
+	}
+	return res
+}
+
+// wantDone checks, as another owner, that key is done with fp and rec.
+func (s *suite) wantDone(key, fp string, rec []byte) {
+	s.t.Helper()
+	res := s.acquire(key, "storagetest-observer", "observer's fingerprint", minute)
+	if res.State != storage.Done || res.Fingerprint != fp || !bytes.Equal(res.Record, rec) {
+		s.t.Fatalf("entry is %v with fingerprint %q and record %q, want done with %q and %q", res.State, res.Fingerprint, res.Record, fp, rec)
 	}
 }
 
 func (s *suite) is(err, want error, what string) {
 	s.t.Helper()
 	if !errors.Is(err, want) {
-		s.t.Fatalf("%s: error %v, want %v", what, err, want)
+		s.t.Fatalf("%s: error %v, want one wrapping %v", what, err, want)
 	}
 }
 
-// expire lets a lease or TTL of d run out: by moving the clock, or by
-// waiting for a real one, polling until probe reports true.
-func (s *suite) expire(d time.Duration, probe func() bool) {
+// gone returns a probe that reports whether key is free, by acquiring it
+// as a new owner: that changes nothing while the entry lives, and takes
+// the key (with fingerprint "fp-probe") once it is gone.
+func (s *suite) gone(key string) func() bool {
+	return func() bool {
+		s.t.Helper()
+		return s.acquire(key, "storagetest-probe", "fp-probe", minute).State == storage.Acquired
+	}
+}
+
+// expire checks that an entry given d at start (taken before the call
+// that set it) lives for d and then goes, as the probe gone tells.
+//
+// With Advance it moves the clock to 1ms short of d (the entry must be
+// there) and then past it (it must be gone). On a real clock it polls, for
+// at most two seconds, and fails if the entry went before d had passed
+// since start.
+func (s *suite) expire(start time.Time, d time.Duration, gone func() bool) {
 	s.t.Helper()
 	if s.Advance != nil {
-		s.Advance(d + time.Millisecond)
-		if !probe() {
-			s.t.Fatal("entry still there after its time ran out")
+		s.Advance(d - time.Millisecond)
+		if gone() {
+			s.t.Fatalf("entry gone 1ms before its %v ran out", d)
+		}
+		s.Advance(2 * time.Millisecond)
+		if !gone() {
+			s.t.Fatalf("entry still there 1ms after its %v ran out", d)
 		}
 		return
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for !probe() {
+	deadline := start.Add(2 * time.Second)
+	for !gone() {
 		if time.Now().After(deadline) {
-			s.t.Fatal("entry still there 2s after its time ran out")
+			s.t.Fatalf("entry still there 2s after it was given %v", d)
 		}
-		time.Sleep(5 * time.Millisecond) // a real server's clock: nothing to wait on but time
+		time.Sleep(d / 10) // a real server's clock: polling is all there is
+	}
+	if since := time.Since(start); since < d {
+		s.t.Fatalf("entry gone after %v, before its %v ran out", since, d)
 	}
 }
 
-// short is a lease or TTL that runs out soon on a real clock, and is
-// moved past with Advance otherwise.
-func (s *suite) short() time.Duration {
+// eventually runs try on fresh keys until it reports true, up to 20
+// times. With Advance no time passes, so the first try must succeed; on a
+// real clock a millisecond may run out between two calls, but not every
+// time.
+func (s *suite) eventually(failure string, try func(key string) bool) {
+	s.t.Helper()
+	tries := 20
 	if s.Advance != nil {
-		return time.Minute
+		tries = 1
 	}
-	return 50 * time.Millisecond
-}
-
-var cases = []struct {
-	name string
-	run  func(t *testing.T, s *suite)
-}{
-	{"AcquireNew", func(t *testing.T, s *suite) {
-		s.mustState(s.acquire(s.key(), "o1", "fp", time.Minute), storage.Acquired)
-	}},
-	{"AcquireSameOwnerRenews", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.mustState(s.acquire(k, "o1", "fp", time.Minute), storage.Acquired)
-		s.mustState(s.acquire(k, "o1", "fp", time.Hour), storage.Acquired)
-		res := s.acquire(k, "o2", "fp", time.Minute)
-		s.mustState(res, storage.InFlight)
-		if res.LeaseLeft <= time.Minute {
-			t.Fatalf("lease left %v: the resent acquire did not renew the lease to an hour", res.LeaseLeft)
+	for range tries {
+		if try(s.key()) {
+			return
 		}
-	}},
-	{"AcquireOtherOwnerInFlight", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp-1", time.Minute)
-		res := s.acquire(k, "o2", "fp-2", time.Minute)
-		s.mustState(res, storage.InFlight)
-		if res.Fingerprint != "fp-1" || res.LeaseLeft < time.Millisecond || res.LeaseLeft > time.Minute || res.Record != nil {
-			t.Fatalf("in flight result %+v", res)
-		}
-	}},
-	{"AcquireDone", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", time.Minute)
-		s.complete(k, "o1", []byte("record"))
-		for _, owner := range []string{"o1", "o2"} {
-			res := s.acquire(k, owner, "other", time.Minute)
-			s.mustState(res, storage.Done)
-			if res.Fingerprint != "fp" || string(res.Record) != "record" {
-				t.Fatalf("done result %+v", res)
-			}
-		}
-	}},
-	{"CompleteByNonOwner", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", time.Minute)
-		s.is(s.Store.Complete(s.ctx, k, "o2", []byte("x"), time.Hour), storage.ErrNotOwner, "Complete by another owner")
-		s.mustState(s.acquire(k, "o3", "fp", time.Minute), storage.InFlight)
-		s.is(s.Store.Complete(s.ctx, s.key(), "o1", []byte("x"), time.Hour), storage.ErrNotOwner, "Complete of a missing key")
-	}},
-	{"CompleteResend", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", time.Minute)
-		s.complete(k, "o1", []byte("record"))
-		if err := s.Store.Complete(s.ctx, k, "o1", []byte("record"), time.Hour); err != nil {
-			t.Fatalf("resent Complete: %v", err)
-		}
-		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("other"), time.Hour), storage.ErrNotOwner, "Complete with another record")
-		if res := s.acquire(k, "o2", "", time.Minute); string(res.Record) != "record" {
-			t.Fatalf("record changed to %q", res.Record)
-		}
-	}},
-	{"CompleteDoesNotKeepCallerBuffer", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", time.Minute)
-		buf := []byte("record")
-		s.complete(k, "o1", buf)
-		copy(buf, "XXXXXX")
-		if res := s.acquire(k, "o2", "", time.Minute); string(res.Record) != "record" {
-			t.Fatalf("stored record follows the caller's buffer: %q", res.Record)
-		}
-	}},
-	{"ReleaseThenReacquire", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp-1", time.Minute)
-		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-		s.mustState(s.acquire(k, "o2", "fp-2", time.Minute), storage.Acquired)
-		if res := s.acquire(k, "o3", "", time.Minute); res.Fingerprint != "fp-2" {
-			t.Fatalf("fingerprint after re-acquire %q", res.Fingerprint)
-		}
-	}},
-	{"ReleaseMissing", func(t *testing.T, s *suite) {
-		if err := s.Store.Release(s.ctx, s.key(), "o1"); err != nil {
-			t.Fatalf("Release of a missing key: %v", err)
-		}
-		k := s.key()
-		s.acquire(k, "o1", "fp", time.Minute)
-		s.Store.Release(s.ctx, k, "o1")
-		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
-			t.Fatalf("resent Release: %v", err)
-		}
-	}},
-	{"ReleaseByNonOwner", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", time.Minute)
-		s.is(s.Store.Release(s.ctx, k, "o2"), storage.ErrNotOwner, "Release by another owner")
-		s.mustState(s.acquire(k, "o2", "fp", time.Minute), storage.InFlight)
-		s.complete(k, "o1", []byte("r"))
-		s.is(s.Store.Release(s.ctx, k, "o1"), storage.ErrNotOwner, "Release of a done entry")
-		s.mustState(s.acquire(k, "o2", "fp", time.Minute), storage.Done)
-	}},
-	{"ExtendKeepsLease", func(t *testing.T, s *suite) {
-		k := s.key()
-		lease := s.short()
-		s.acquire(k, "o1", "fp", lease)
-		if err := s.Store.Extend(s.ctx, k, "o1", time.Hour); err != nil {
-			t.Fatalf("Extend: %v", err)
-		}
-		if s.Advance != nil {
-			s.Advance(2 * lease)
-		} else {
-			time.Sleep(2 * lease) // a real server's clock: the original lease must have passed
-		}
-		res := s.acquire(k, "o2", "fp", time.Minute)
-		s.mustState(res, storage.InFlight)
-		if res.LeaseLeft <= lease {
-			t.Fatalf("lease left %v after Extend to an hour", res.LeaseLeft)
-		}
-	}},
-	{"ExtendByNonOwner", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.is(s.Store.Extend(s.ctx, k, "o1", time.Minute), storage.ErrNotOwner, "Extend of a missing key")
-		s.acquire(k, "o1", "fp", time.Minute)
-		s.is(s.Store.Extend(s.ctx, k, "o2", time.Minute), storage.ErrNotOwner, "Extend by another owner")
-		s.complete(k, "o1", []byte("r"))
-		s.is(s.Store.Extend(s.ctx, k, "o1", time.Minute), storage.ErrNotOwner, "Extend of a done entry")
-	}},
-	{"LeaseExpires", func(t *testing.T, s *suite) {
-		k := s.key()
-		lease := s.short()
-		s.acquire(k, "o1", "fp", lease)
-		n := 0
-		s.expire(lease, func() bool {
-			n++
-			return s.acquire(k, "o2-"+strings.Repeat("x", n), "fp", time.Minute).State == storage.Acquired
-		})
-		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("late"), time.Hour), storage.ErrNotOwner, "Complete after the lease expired")
-		s.is(s.Store.Extend(s.ctx, k, "o1", time.Minute), storage.ErrNotOwner, "Extend after the lease expired")
-	}},
-	{"ExpiredLeaseCannotComplete", func(t *testing.T, s *suite) {
-		k := s.key()
-		lease := s.short()
-		s.acquire(k, "o1", "fp", lease)
-		// Releasing as nobody in particular changes nothing: it answers nil
-		// once the entry is gone, ErrNotOwner while the lease holds.
-		s.expire(lease, func() bool { return s.Store.Release(s.ctx, k, "probe") == nil })
-		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("late"), time.Hour), storage.ErrNotOwner, "Complete after the lease expired")
-		s.mustState(s.acquire(k, "o2", "fp", time.Minute), storage.Acquired)
-	}},
-	{"DoneExpires", func(t *testing.T, s *suite) {
-		k := s.key()
-		ttl := s.short()
-		s.acquire(k, "o1", "fp", time.Minute)
-		if err := s.Store.Complete(s.ctx, k, "o1", []byte("r"), ttl); err != nil {
-			t.Fatal(err)
-		}
-		s.mustState(s.acquire(k, "o2", "fp", time.Minute), storage.Done)
-		s.expire(ttl, func() bool { return s.acquire(k, "o3", "fp", time.Minute).State == storage.Acquired })
-	}},
-	{"SubMillisecondRoundsUp", func(t *testing.T, s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", 100*time.Microsecond)
-		// Not deleted at once: a zero TTL would have removed the entry.
-		if res := s.acquire(k, "o2", "fp", time.Minute); res.State == storage.InFlight && res.LeaseLeft < time.Millisecond {
-			t.Fatalf("lease left %v", res.LeaseLeft)
-		}
-		k2 := s.key()
-		s.acquire(k2, "o1", "fp", time.Minute)
-		if err := s.Store.Complete(s.ctx, k2, "o1", []byte("r"), 100*time.Microsecond); err != nil {
-			t.Fatalf("Complete with a sub-millisecond ttl: %v", err)
-		}
-	}},
-	{"Invalid", func(t *testing.T, s *suite) {
-		k := s.key()
-		for what, err := range map[string]error{
-			"empty key":   func() error { _, err := s.Store.Acquire(s.ctx, "", "o", "", time.Minute); return err }(),
-			"empty owner": func() error { _, err := s.Store.Acquire(s.ctx, k, "", "", time.Minute); return err }(),
-			"long fingerprint": func() error {
-				_, err := s.Store.Acquire(s.ctx, k, "o", strings.Repeat("f", 256), time.Minute)
-				return err
-			}(),
-			"zero lease":     func() error { _, err := s.Store.Acquire(s.ctx, k, "o", "", 0); return err }(),
-			"negative lease": func() error { _, err := s.Store.Acquire(s.ctx, k, "o", "", -time.Second); return err }(),
-			"zero ttl":       s.Store.Complete(s.ctx, k, "o", nil, 0),
-			"zero extend":    s.Store.Extend(s.ctx, k, "o", 0),
-		} {
-			s.is(err, storage.ErrInvalid, what)
-		}
-		s.mustState(s.acquire(k, "o", strings.Repeat("f", storage.MaxFingerprintLen), time.Minute), storage.Acquired)
-	}},
-	{"BinarySafe", func(t *testing.T, s *suite) {
-		all := make([]byte, 256)
-		for i := range all {
-			all[i] = byte(i)
-		}
-		big := bytes.Repeat([]byte{0, 'P', 'D', 0xff}, 1<<18) // 1 MiB
-		for name, rec := range map[string][]byte{"all bytes": all, "NULs": {0, 0, 0}, "empty": {}, "1 MiB": big} {
-			k := s.key()
-			fp := string(all[:32]) + "\x00"
-			s.acquire(k, "o1", fp, time.Minute)
-			s.complete(k, "o1", rec)
-			res := s.acquire(k, "o2", "", time.Minute)
-			if res.State != storage.Done || res.Fingerprint != fp || !bytes.Equal(res.Record, rec) {
-				t.Fatalf("%s: record or fingerprint changed in the store", name)
-			}
-		}
-	}},
-	{"ConcurrentAcquire", func(t *testing.T, s *suite) {
-		const n = 50
-		k := s.key()
-		var wg sync.WaitGroup
-		states := make(chan storage.State, n)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res, err := s.Store.Acquire(s.ctx, k, "owner-"+strings.Repeat("x", i+1), "fp", time.Minute)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				states <- res.State
-			}()
-		}
-		wg.Wait()
-		close(states)
-		acquired := 0
-		for st := range states {
-			switch st {
-			case storage.Acquired:
-				acquired++
-			case storage.InFlight:
-			default:
-				t.Fatalf("state %v", st)
-			}
-		}
-		if acquired != 1 {
-			t.Fatalf("%d of %d concurrent owners acquired the key", acquired, n)
-		}
-	}},
+	}
+	s.t.Fatalf("%s (%d tries)", failure, tries)
 }
