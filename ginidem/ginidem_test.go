@@ -246,6 +246,11 @@ func TestWriteHeaderNow(t *testing.T) {
 	runCases(t, []handlerCase{
 		{"c.JSON(204)", func(c *gin.Context) { c.JSON(http.StatusNoContent, gin.H{"ignored": true}) }, 204, "", "application/json; charset=utf-8"},
 		{"c.AbortWithStatus(401)", func(c *gin.Context) { c.AbortWithStatus(http.StatusUnauthorized) }, 401, "", ""},
+		{"status, Flush, then body", func(c *gin.Context) {
+			c.Status(http.StatusAccepted)
+			c.Writer.Flush() // commits the recorded status, as WriteHeaderNow does
+			c.Writer.WriteString("queued")
+		}, 202, "queued", ""},
 		{"WriteHeaderNow then later status", func(c *gin.Context) {
 			c.Status(http.StatusAccepted)
 			c.Writer.WriteHeaderNow()
@@ -267,14 +272,14 @@ func TestJSON402Replayed(t *testing.T) {
 // rest of the chain and the handler writes a second body.
 func TestNoHandlerAfterReplayOrRefusal(t *testing.T) {
 	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
-		var runs, after atomic.Int64
+		var runs, slow, after atomic.Int64
 		gate := make(chan struct{})
 		entered := make(chan struct{}, 1)
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
 			r.Use(ginidem.Middleware(m))
 			r.POST("/o", func(c *gin.Context) {
 				runs.Add(1)
-				if c.Query("slow") != "" {
+				if c.Query("slow") != "" && slow.Add(1) == 1 { // only the first one waits
 					entered <- struct{}{}
 					<-gate
 				}
