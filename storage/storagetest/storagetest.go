@@ -378,6 +378,27 @@ var invalidCases = []testCase{
 		s.complete(k, "o1", []byte("r"), hour)
 		s.wantDone(k, fp, []byte("r"))
 	}},
+	{"EmptyOwner", func(s *suite) {
+		// The contract asks Acquire alone to refuse an empty owner; the
+		// other methods must not take it for the owner of anything.
+		notHeld := func(err error, what string) {
+			s.t.Helper()
+			if !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid) {
+				s.t.Fatalf("%s with an empty owner: %v, want ErrNotOwner or ErrInvalid", what, err)
+			}
+		}
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		notHeld(s.Store.Extend(s.ctx, k, "", hour), "Extend of an entry in flight")
+		notHeld(s.Store.Release(s.ctx, k, ""), "Release of an entry in flight")
+		notHeld(s.Store.Complete(s.ctx, k, "", []byte("x"), hour), "Complete of an entry in flight")
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("r"), hour)
+		notHeld(s.Store.Extend(s.ctx, k, "", hour), "Extend of a done entry")
+		notHeld(s.Store.Release(s.ctx, k, ""), "Release of a done entry")
+		notHeld(s.Store.Complete(s.ctx, k, "", []byte("x"), hour), "Complete of a done entry")
+		s.wantDone(k, "fp", []byte("r"))
+	}},
 	{"CompleteTTL", func(s *suite) {
 		k := s.key()
 		s.acquire(k, "o1", "fp", minute)
