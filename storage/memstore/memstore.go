@@ -3,14 +3,16 @@
 // exits and are not shared with other processes; use storage/redisstore for
 // a service with more than one instance.
 //
-// The store is safe for concurrent use, expires entries by their TTL (read
-// from an injectable clock), bounds its size without ever evicting an entry
-// in flight, and runs one janitor goroutine that [Store.Close] stops.
+// The store is safe for concurrent use (one mutex: the store is the
+// atomicity boundary), expires entries by their lease or TTL as read from
+// an injectable clock, bounds its number of entries without ever evicting
+// an entry in flight, and runs one janitor goroutine, which [Store.Close]
+// stops.
 package memstore
 
 import (
 	"bytes"
-	"container/list"
+	"container/heap"
 	"context"
 	"fmt"
 	"sync"
@@ -21,23 +23,31 @@ import (
 
 // Defaults of the options.
 const (
-	DefaultMaxEntries      = 100_000
+	// DefaultMaxEntries is the number of entries a Store holds at most
+	// unless WithMaxEntries says otherwise.
+	DefaultMaxEntries = 100_000
+	// DefaultCleanupInterval is how often the janitor runs unless
+	// WithCleanupInterval says otherwise.
 	DefaultCleanupInterval = time.Minute
 )
 
-// Store is an in-memory storage.Store. Create it with [New].
+// Store is an in-memory storage.Store. Create it with [New]; the zero
+// value is not usable.
 type Store struct {
-	now     func() time.Time
-	max     int
-	mu      sync.Mutex
-	entries map[string]*entry
-	done    list.List // done entries, oldest completed first; Value is *entry
-	bytes   int
-	stop    chan struct{}
-	stopped sync.WaitGroup
-	once    sync.Once
-
+	now          func() time.Time
+	max          int
 	cleanupEvery time.Duration
+
+	mu       sync.Mutex
+	entries  map[string]*entry
+	byExpiry expiryHeap // every entry, the one expiring soonest first
+	oldest   *entry     // done entries in completion order: oldest ...
+	newest   *entry     // ... to newest, linked through prev and next
+	bytes    int
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	janitor  sync.WaitGroup
 }
 
 var _ storage.Store = (*Store)(nil)
@@ -45,21 +55,24 @@ var _ storage.Store = (*Store)(nil)
 type entry struct {
 	key         string
 	fingerprint string
-	owner       string // set while processing
-	record      []byte // set when done
+	owner       string // while processing
+	record      []byte // when done; never nil then
 	done        bool
 	expires     time.Time
-	elem        *list.Element // position in Store.done when done
+	index       int    // position in Store.byExpiry
+	prev, next  *entry // neighbours in the list of done entries
 }
 
-func (e *entry) size() int { return len(e.key) + len(e.fingerprint) + len(e.owner) + len(e.record) }
+func (e *entry) size() int {
+	return len(e.key) + len(e.fingerprint) + len(e.owner) + len(e.record)
+}
 
 // Option configures a Store.
 type Option func(*Store)
 
-// WithClock sets the clock that decides expiry. Default time.Now; a nil
-// function keeps the default. Tests use it to expire entries without
-// sleeping.
+// WithClock sets the clock that decides expiry. The default is time.Now; a
+// nil function keeps it. Tests use it to expire entries without sleeping.
+// The janitor still runs on real time.
 func WithClock(now func() time.Time) Option {
 	return func(s *Store) {
 		if now != nil {
@@ -68,11 +81,14 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
-// WithMaxEntries bounds the number of entries. Default 100 000; n <= 0
-// keeps the default. When the store is full, an Acquire of a new key evicts
-// the done entry completed longest ago or, when there is none, an entry
-// whose lease has expired; an entry in flight is never evicted, so when
-// only those remain Acquire fails with an error wrapping storage.ErrFull.
+// WithMaxEntries bounds the number of entries, [DefaultMaxEntries] by
+// default; n <= 0 keeps the default.
+//
+// When the store is full, Acquire of a new key first drops every expired
+// entry, then evicts the done entry completed longest ago (so a retry of
+// that request would run its handler again). It never evicts an entry in
+// flight: when only those remain, Acquire fails with an error wrapping
+// [storage.ErrFull]. Making room costs O(log n) per entry dropped.
 func WithMaxEntries(n int) Option {
 	return func(s *Store) {
 		if n > 0 {
@@ -81,10 +97,10 @@ func WithMaxEntries(n int) Option {
 	}
 }
 
-// WithCleanupInterval sets how often the janitor removes expired entries.
-// Default one minute; d <= 0 keeps the default. Expired entries are treated
-// as absent at once whatever this interval; the janitor only frees their
-// memory.
+// WithCleanupInterval sets how often the janitor goroutine frees expired
+// entries, [DefaultCleanupInterval] by default; d <= 0 keeps the default.
+// Expired entries are treated as absent at once whatever the interval; the
+// janitor only frees their memory.
 func WithCleanupInterval(d time.Duration) Option {
 	return func(s *Store) {
 		if d > 0 {
@@ -93,31 +109,39 @@ func WithCleanupInterval(d time.Duration) Option {
 	}
 }
 
-// New returns an empty Store and starts its janitor. Call Close to stop it.
+// New returns an empty Store and starts its janitor goroutine; call Close
+// to stop it. Invalid option values keep the defaults (see each option).
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, max: DefaultMaxEntries, entries: make(map[string]*entry), stop: make(chan struct{}), cleanupEvery: DefaultCleanupInterval}
+	s := &Store{
+		now:          time.Now,
+		max:          DefaultMaxEntries,
+		cleanupEvery: DefaultCleanupInterval,
+		entries:      make(map[string]*entry),
+		stop:         make(chan struct{}),
+	}
 	for _, o := range opts {
 		if o != nil {
 			o(s)
 		}
 	}
-	s.stopped.Add(1)
-	go s.janitor(s.cleanupEvery)
+	s.janitor.Add(1)
+	go s.runJanitor()
 	return s
 }
 
-// Close stops the janitor and waits for it to exit. The store stays
-// usable. Close is idempotent and safe for concurrent use; it always
-// returns nil.
+// Close stops the janitor goroutine and waits for it to exit. It is
+// idempotent, safe to call concurrently, and always returns nil. The store
+// stays usable after Close; expired entries are then freed only when they
+// are looked up or when the store is full.
 func (s *Store) Close() error {
-	s.once.Do(func() { close(s.stop) })
-	s.stopped.Wait()
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.janitor.Wait()
 	return nil
 }
 
-func (s *Store) janitor(every time.Duration) {
-	defer s.stopped.Done()
-	t := time.NewTicker(every)
+func (s *Store) runJanitor() {
+	defer s.janitor.Done()
+	t := time.NewTicker(s.cleanupEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -129,29 +153,31 @@ func (s *Store) janitor(every time.Duration) {
 	}
 }
 
-// sweep removes every expired entry.
+// sweep frees every expired entry.
 func (s *Store) sweep() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	for _, e := range s.entries {
-		if !now.Before(e.expires) {
-			s.remove(e)
-		}
+	s.dropExpired(s.now())
+}
+
+func (s *Store) dropExpired(now time.Time) {
+	for len(s.byExpiry) > 0 && !now.Before(s.byExpiry[0].expires) {
+		s.remove(s.byExpiry[0])
 	}
 }
 
-// Len returns the number of entries held, expired ones not yet swept
-// included.
+// Len returns the number of entries held, including expired ones that
+// have not been freed yet.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.entries)
 }
 
-// Bytes returns the bytes of keys, fingerprints, owner tokens and records
-// held: the payload, without the map's and the entries' own overhead (about
-// 200 bytes per entry on 64-bit platforms).
+// Bytes returns the bytes held in keys, fingerprints, owner tokens and
+// records, including those of expired entries not freed yet. It leaves out
+// the bookkeeping: about 200 bytes per entry on 64-bit platforms for the
+// entry, its map slot and its place in the expiry heap.
 func (s *Store) Bytes() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -160,14 +186,43 @@ func (s *Store) Bytes() int {
 
 func (s *Store) remove(e *entry) {
 	delete(s.entries, e.key)
-	if e.elem != nil {
-		s.done.Remove(e.elem)
-		e.elem = nil
+	heap.Remove(&s.byExpiry, e.index)
+	if e.done {
+		s.unlinkDone(e)
 	}
 	s.bytes -= e.size()
 }
 
-// live returns the unexpired entry for key, dropping an expired one.
+func (s *Store) setExpiry(e *entry, t time.Time) {
+	e.expires = t
+	heap.Fix(&s.byExpiry, e.index)
+}
+
+func (s *Store) pushDone(e *entry) {
+	e.prev, e.next = s.newest, nil
+	if s.newest != nil {
+		s.newest.next = e
+	} else {
+		s.oldest = e
+	}
+	s.newest = e
+}
+
+func (s *Store) unlinkDone(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		s.oldest = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		s.newest = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+// live returns the unexpired entry for key, freeing an expired one.
 func (s *Store) live(key string, now time.Time) *entry {
 	e := s.entries[key]
 	if e != nil && !now.Before(e.expires) {
@@ -177,17 +232,17 @@ func (s *Store) live(key string, now time.Time) *entry {
 	return e
 }
 
-// roundUp gives d whole milliseconds, at least one, as Redis would keep it.
+// roundUp gives d in whole milliseconds, rounded up, as Redis keeps it.
 func roundUp(d time.Duration) time.Duration {
 	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
-func invalid(what string) error { return fmt.Errorf("memstore: %w: %s", storage.ErrInvalid, what) }
-
-// Acquire implements storage.Store.
+// Acquire implements [storage.Store.Acquire]. The context is not used.
+// Errors wrap [storage.ErrInvalid] or, when the store is full of entries
+// in flight, [storage.ErrFull].
 func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
-		return storage.Result{}, fmt.Errorf("memstore: %w", err)
+		return storage.Result{}, fmt.Errorf("memstore: acquire: %w", err)
 	}
 	lease = roundUp(lease)
 	s.mu.Lock()
@@ -198,72 +253,64 @@ func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease
 		case e.done:
 			return storage.Result{State: storage.Done, Fingerprint: e.fingerprint, Record: e.record}, nil
 		case e.owner == owner:
-			e.expires = now.Add(lease)
+			s.setExpiry(e, now.Add(lease))
 			return storage.Result{State: storage.Acquired}, nil
 		}
-		return storage.Result{State: storage.InFlight, Fingerprint: e.fingerprint, LeaseLeft: max(roundUp(e.expires.Sub(now)), time.Millisecond)}, nil
+		left := max(roundUp(e.expires.Sub(now)), time.Millisecond)
+		return storage.Result{State: storage.InFlight, Fingerprint: e.fingerprint, LeaseLeft: left}, nil
 	}
 	if len(s.entries) >= s.max && !s.makeRoom(now) {
-		return storage.Result{}, fmt.Errorf("memstore: %w: %d entries in flight", storage.ErrFull, len(s.entries))
+		return storage.Result{}, fmt.Errorf("memstore: acquire: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
 	}
 	e := &entry{key: key, fingerprint: fingerprint, owner: owner, expires: now.Add(lease)}
 	s.entries[key] = e
+	heap.Push(&s.byExpiry, e)
 	s.bytes += e.size()
 	return storage.Result{State: storage.Acquired}, nil
 }
 
-// makeRoom frees one place: an expired entry, else the oldest done one.
+// makeRoom frees at least one place, reporting whether it could: it drops
+// the expired entries, else evicts the done entry completed longest ago.
 func (s *Store) makeRoom(now time.Time) bool {
-	// The oldest done entries usually expire first; look there before
-	// scanning everything.
-	if front := s.done.Front(); front != nil {
-		s.remove(front.Value.(*entry))
+	s.dropExpired(now)
+	if len(s.entries) < s.max {
 		return true
 	}
-	for _, e := range s.entries {
-		if !now.Before(e.expires) {
-			s.remove(e)
-			return true
-		}
+	if s.oldest == nil {
+		return false
 	}
-	return false
+	s.remove(s.oldest)
+	return true
 }
 
-// Complete implements storage.Store.
+// Complete implements [storage.Store.Complete]. It copies record. The
+// context is not used. Errors wrap [storage.ErrNotOwner] or
+// [storage.ErrInvalid].
 func (s *Store) Complete(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	if ttl <= 0 {
-		return invalid("ttl not positive")
+		return fmt.Errorf("memstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	ttl = roundUp(ttl)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	e := s.live(key, now)
 	switch {
-	case e == nil:
-		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
-	case e.done:
-		if bytes.Equal(e.record, record) {
-			return nil // a resend of this very completion
-		}
-		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
-	case e.owner != owner:
+	case e != nil && e.done && bytes.Equal(e.record, record):
+		return nil // a resend of this very completion
+	case e == nil || e.done || e.owner != owner:
 		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
 	}
-	s.bytes -= e.size()
-	e.owner = ""
-	e.record = bytes.Clone(record)
-	if e.record == nil {
-		e.record = []byte{}
-	}
-	e.done = true
-	e.expires = now.Add(ttl)
-	e.elem = s.done.PushBack(e)
-	s.bytes += e.size()
+	rec := make([]byte, len(record)) // never nil; no allocation when empty
+	copy(rec, record)
+	s.bytes += len(rec) - len(e.owner)
+	e.owner, e.record, e.done = "", rec, true
+	s.setExpiry(e, now.Add(roundUp(ttl)))
+	s.pushDone(e)
 	return nil
 }
 
-// Release implements storage.Store.
+// Release implements [storage.Store.Release]. The context is not used.
+// Errors wrap [storage.ErrNotOwner].
 func (s *Store) Release(_ context.Context, key, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -278,10 +325,11 @@ func (s *Store) Release(_ context.Context, key, owner string) error {
 	return nil
 }
 
-// Extend implements storage.Store.
+// Extend implements [storage.Store.Extend]. The context is not used.
+// Errors wrap [storage.ErrNotOwner] or [storage.ErrInvalid].
 func (s *Store) Extend(_ context.Context, key, owner string, lease time.Duration) error {
 	if lease <= 0 {
-		return invalid("lease not positive")
+		return fmt.Errorf("memstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -290,6 +338,31 @@ func (s *Store) Extend(_ context.Context, key, owner string, lease time.Duration
 	if e == nil || e.done || e.owner != owner {
 		return fmt.Errorf("memstore: extend: %w", storage.ErrNotOwner)
 	}
-	e.expires = now.Add(roundUp(lease))
+	s.setExpiry(e, now.Add(roundUp(lease)))
 	return nil
+}
+
+// expiryHeap is a container/heap of entries, soonest expiry first; each
+// entry knows its index, so it can be fixed or removed in O(log n).
+type expiryHeap []*entry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+
+func (h *expiryHeap) Push(x any) {
+	e := x.(*entry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
 }

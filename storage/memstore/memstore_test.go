@@ -1,11 +1,12 @@
 package memstore
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem/storage"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 )
 
+// goleak fails the package if a janitor outlives its Close.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type clock struct {
@@ -46,113 +48,382 @@ func TestContract(t *testing.T) {
 	})
 }
 
-var ctx = context.Background()
+func TestContractSmallBound(t *testing.T) {
+	// The tightest bound the suite fits in (Invalid/Acquire holds four
+	// keys in flight): done entries are evicted all along, and that must
+	// not get in the way of the contract.
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		s, clk := newStore(t, WithMaxEntries(4))
+		t.Cleanup(func() { s.checkInvariants(t) })
+		return storagetest.Harness{Store: s, Advance: clk.Advance}
+	})
+}
+
+func acquire(t *testing.T, s *Store, key, owner string, lease time.Duration) storage.Result {
+	t.Helper()
+	res, err := s.Acquire(t.Context(), key, owner, "fp", lease)
+	if err != nil {
+		t.Fatalf("Acquire(%q, %q): %v", key, owner, err)
+	}
+	return res
+}
+
+func complete(t *testing.T, s *Store, key string, ttl time.Duration) {
+	t.Helper()
+	if err := s.Complete(t.Context(), key, "o", []byte("rec-"+key), ttl); err != nil {
+		t.Fatalf("Complete(%q): %v", key, err)
+	}
+}
+
+// holds reports whether the store has key, without the side effects of
+// Acquire.
+func (s *Store) holds(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.entries[key]
+	return ok
+}
 
 func TestBoundNeverEvictsInFlight(t *testing.T) {
 	s, clk := newStore(t, WithMaxEntries(3))
 	for i := range 3 {
-		if _, err := s.Acquire(ctx, fmt.Sprint("p", i), "o", "", time.Minute); err != nil {
-			t.Fatal(err)
-		}
+		acquire(t, s, fmt.Sprint("p", i), "o", time.Minute)
 	}
-	_, err := s.Acquire(ctx, "p3", "o", "", time.Minute)
+	lenBefore, bytesBefore := s.Len(), s.Bytes()
+	_, err := s.Acquire(t.Context(), "p3", "o", "fp", time.Minute)
 	if !errors.Is(err, storage.ErrFull) {
-		t.Fatalf("Acquire on a store full of requests in flight: %v, want ErrFull", err)
+		t.Fatalf("Acquire on a store full of entries in flight: %v, want ErrFull", err)
+	}
+	if s.Len() != lenBefore || s.Bytes() != bytesBefore || s.holds("p3") {
+		t.Fatal("a refused Acquire changed the store")
 	}
 	for i := range 3 {
-		if res, _ := s.Acquire(ctx, fmt.Sprint("p", i), "other", "", time.Minute); res.State != storage.InFlight {
-			t.Fatalf("p%d was evicted while in flight: %v", i, res.State)
+		if res := acquire(t, s, fmt.Sprint("p", i), "other", time.Minute); res.State != storage.InFlight {
+			t.Fatalf("p%d is %v: evicted while in flight", i, res.State)
 		}
 	}
-	clk.Advance(2 * time.Minute) // the leases ran out: those entries may go
-	if res, err := s.Acquire(ctx, "p3", "o", "", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatalf("after the leases expired: %v, %v", res.State, err)
+	// Owners may still renew and complete: only new keys are refused.
+	acquire(t, s, "p0", "o", time.Minute)
+	complete(t, s, "p0", time.Hour)
+	if res := acquire(t, s, "p3", "o", time.Minute); res.State != storage.Acquired {
+		t.Fatalf("p3 after p0 completed: %v, want Acquired (evicting done p0)", res.State)
 	}
-	if s.Len() > 3 {
-		t.Fatalf("Len %d over the bound", s.Len())
+	if s.holds("p0") {
+		t.Fatal("done p0 was not the one evicted")
+	}
+	clk.Advance(2 * time.Minute) // the leases ran out: those entries may go
+	if res := acquire(t, s, "p4", "o", time.Minute); res.State != storage.Acquired {
+		t.Fatalf("after the leases ran out: %v", res.State)
+	}
+	if s.Len() != 1 {
+		t.Fatalf("Len %d, want 1: making room drops every expired entry", s.Len())
+	}
+	s.checkInvariants(t)
+}
+
+func TestBoundDropsExpiredBeforeEvicting(t *testing.T) {
+	s, clk := newStore(t, WithMaxEntries(4))
+	acquire(t, s, "done-long", "o", time.Minute) // completed first: oldest
+	complete(t, s, "done-long", time.Hour)
+	acquire(t, s, "done-short", "o", time.Minute) // completed later, expires sooner
+	complete(t, s, "done-short", time.Second)
+	acquire(t, s, "lease-short", "o", time.Second)
+	acquire(t, s, "lease-long", "o", time.Hour)
+	clk.Advance(2 * time.Second)
+
+	acquire(t, s, "new1", "o", time.Hour)
+	if !s.holds("done-long") {
+		t.Fatal("evicted the oldest done entry while expired entries were there to drop")
+	}
+	if s.holds("done-short") || s.holds("lease-short") {
+		t.Fatal("expired entries were not dropped")
+	}
+	acquire(t, s, "new2", "o", time.Hour)
+	if s.Len() != 4 || !s.holds("done-long") {
+		t.Fatalf("Len %d after filling the room freed by expired entries", s.Len())
+	}
+	acquire(t, s, "new3", "o", time.Hour) // now the oldest done entry goes
+	if s.holds("done-long") || !s.holds("lease-long") {
+		t.Fatal("want done-long evicted, lease-long kept")
+	}
+	s.checkInvariants(t)
+}
+
+func TestBoundEvictsOldestCompletedFirst(t *testing.T) {
+	s, _ := newStore(t, WithMaxEntries(3))
+	for _, k := range []string{"a", "b", "c"} {
+		acquire(t, s, k, "o", time.Minute)
+	}
+	// Completion order differs from acquisition order and from expiry
+	// order: c, a, b.
+	complete(t, s, "c", 3*time.Hour)
+	complete(t, s, "a", time.Hour)
+	complete(t, s, "b", 2*time.Hour)
+	for i, want := range []string{"c", "a", "b"} {
+		acquire(t, s, fmt.Sprint("new", i), "o", time.Minute)
+		if s.holds(want) {
+			t.Fatalf("eviction %d: %s still there, want it evicted (oldest completed)", i+1, want)
+		}
+		s.checkInvariants(t)
+	}
+	if _, err := s.Acquire(t.Context(), "one-more", "o", "", time.Minute); !errors.Is(err, storage.ErrFull) {
+		t.Fatalf("only entries in flight remain: %v, want ErrFull", err)
 	}
 }
 
-func TestBoundEvictsOldestDone(t *testing.T) {
-	s, _ := newStore(t, WithMaxEntries(3))
-	for _, k := range []string{"d1", "d2"} {
-		s.Acquire(ctx, k, "o", "", time.Minute)
-		s.Complete(ctx, k, "o", []byte(k), time.Hour)
+func TestExpiredIsAbsentBeforeTheJanitorRuns(t *testing.T) {
+	s, clk := newStore(t)
+	acquire(t, s, "k", "o1", time.Second)
+	clk.Advance(time.Second)
+	if s.Len() != 1 {
+		t.Fatal("setup: the janitor ran")
 	}
-	s.Acquire(ctx, "p", "o", "", time.Minute)
-	s.Acquire(ctx, "new1", "o", "", time.Minute) // evicts d1
-	if res, _ := s.Acquire(ctx, "d2", "x", "", time.Minute); res.State != storage.Done {
-		t.Fatalf("d2 evicted before d1: %v", res.State)
-	}
-	if res, _ := s.Acquire(ctx, "p", "x", "", time.Minute); res.State != storage.InFlight {
-		t.Fatalf("in-flight entry evicted: %v", res.State)
-	}
-	if s.Len() != 3 {
-		t.Fatalf("Len %d", s.Len())
-	}
-	// d1 is gone, so it is new: making room evicts d2, the last done entry.
-	if res, err := s.Acquire(ctx, "d1", "x", "", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatalf("re-acquiring the evicted d1: %v, %v", res.State, err)
-	}
-	if _, err := s.Acquire(ctx, "one-more", "x", "", time.Minute); !errors.Is(err, storage.ErrFull) {
-		t.Fatalf("only entries in flight remain, want ErrFull, got %v", err)
+	if res := acquire(t, s, "k", "o2", time.Minute); res.State != storage.Acquired {
+		t.Fatalf("expired entry: %v, want Acquired", res.State)
 	}
 }
 
 func TestSweepAndBytes(t *testing.T) {
 	s, clk := newStore(t)
-	s.Acquire(ctx, "a", "owner", "fp", time.Minute)
-	s.Acquire(ctx, "b", "owner", "fp", time.Hour)
-	s.Complete(ctx, "b", "owner", []byte("0123456789"), time.Hour)
-	if got, want := s.Bytes(), len("a")+len("fp")+len("owner")+len("b")+len("fp")+10; got != want {
+	acquire(t, s, "a", "owner", time.Minute)
+	acquire(t, s, "bb", "owner", time.Hour)
+	if got, want := s.Bytes(), len("a"+"fp"+"owner")+len("bb"+"fp"+"owner"); got != want {
 		t.Fatalf("Bytes %d, want %d", got, want)
+	}
+	if err := s.Complete(t.Context(), "bb", "owner", []byte("0123456789"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Bytes(), len("a"+"fp"+"owner")+len("bb"+"fp")+10; got != want {
+		t.Fatalf("Bytes after Complete %d, want %d (owner dropped, record added)", got, want)
 	}
 	clk.Advance(2 * time.Minute)
 	s.sweep()
-	if s.Len() != 1 || s.Bytes() != len("b")+len("fp")+10 {
-		t.Fatalf("after sweep: Len %d Bytes %d", s.Len(), s.Bytes())
+	if s.Len() != 1 || s.Bytes() != len("bb"+"fp")+10 {
+		t.Fatalf("after the lease: Len %d Bytes %d", s.Len(), s.Bytes())
 	}
 	clk.Advance(2 * time.Hour)
 	s.sweep()
 	if s.Len() != 0 || s.Bytes() != 0 {
 		t.Fatalf("after the TTL: Len %d Bytes %d", s.Len(), s.Bytes())
 	}
+	s.checkInvariants(t)
 }
 
-func TestJanitorRunsAndCloseStopsIt(t *testing.T) {
-	clk := &clock{now: time.Unix(0, 0)}
-	s := New(WithClock(clk.Now), WithCleanupInterval(time.Millisecond))
-	s.Acquire(ctx, "a", "o", "", time.Minute)
-	clk.Advance(time.Hour)
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Len() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the janitor did not remove the expired entry")
-		}
-		time.Sleep(time.Millisecond) // waiting for the janitor's ticker, the thing under test
+// TestSweepFollowsChangedExpiry checks that renewing, extending and
+// completing move an entry to its new place in expiry order.
+func TestSweepFollowsChangedExpiry(t *testing.T) {
+	s, clk := newStore(t)
+	acquire(t, s, "renewed", "o", time.Minute)
+	acquire(t, s, "extended", "o", time.Minute)
+	acquire(t, s, "completed", "o", time.Minute)
+	acquire(t, s, "shortened", "o", 3*time.Hour)
+	acquire(t, s, "plain", "o", time.Hour)
+	acquire(t, s, "renewed", "o", 2*time.Hour)
+	if err := s.Extend(t.Context(), "extended", "o", 2*time.Hour); err != nil {
+		t.Fatal(err)
 	}
+	complete(t, s, "completed", 2*time.Hour)
+	if err := s.Extend(t.Context(), "shortened", "o", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s.checkInvariants(t)
+	clk.Advance(90 * time.Minute)
+	s.sweep()
+	for k, want := range map[string]bool{"renewed": true, "extended": true, "completed": true, "shortened": false, "plain": false} {
+		if s.holds(k) != want {
+			t.Errorf("%s held %v after 90 minutes, want %v", k, !want, want)
+		}
+	}
+}
+
+// TestJanitor runs the real janitor goroutine on synctest's fake clock:
+// it frees expired entries on its interval, and not after Close.
+func TestJanitor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := New(WithCleanupInterval(time.Minute)) // time.Now is the bubble's clock
+		acquire(t, s, "lease", "o", time.Second)
+		acquire(t, s, "done", "o", time.Second)
+		complete(t, s, "done", 30*time.Second)
+
+		time.Sleep(59 * time.Second)
+		synctest.Wait()
+		if s.Len() != 2 {
+			t.Fatalf("Len %d before the first sweep, want 2 (expired, not freed yet)", s.Len())
+		}
+		time.Sleep(time.Second)
+		synctest.Wait() // the janitor has swept and is blocked again
+		if s.Len() != 0 || s.Bytes() != 0 {
+			t.Fatalf("after the janitor ran: Len %d Bytes %d, want 0", s.Len(), s.Bytes())
+		}
+
+		s.Close()
+		acquire(t, s, "after-close", "o", time.Second)
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if s.Len() != 1 {
+			t.Fatal("the janitor still ran after Close")
+		}
+		// synctest.Test fails if a goroutine of the bubble is left running.
+	})
+}
+
+func TestCloseIdempotentAndConcurrent(t *testing.T) {
+	s := New(WithCleanupInterval(time.Millisecond))
 	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.Close() }()
+	for range 8 {
+		wg.Go(func() {
+			if err := s.Close(); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 	wg.Wait()
-	s.Close()
-	// goleak in TestMain fails the package if the janitor still runs.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The store stays usable, and goleak (TestMain) checks the janitor
+	// is gone.
+	if res := acquire(t, s, "k", "o", time.Minute); res.State != storage.Acquired {
+		t.Fatalf("Acquire after Close: %v", res.State)
+	}
 }
 
-func TestAcquireAllocations(t *testing.T) {
+func TestOptionDefaults(t *testing.T) {
+	s := New(WithMaxEntries(0), WithMaxEntries(-1), WithCleanupInterval(0), WithCleanupInterval(-time.Second), WithClock(nil), nil)
+	defer s.Close()
+	if s.max != DefaultMaxEntries || s.cleanupEvery != DefaultCleanupInterval || s.now == nil {
+		t.Fatalf("max %d, cleanup %v, clock %v: invalid values must keep the defaults", s.max, s.cleanupEvery, s.now != nil)
+	}
+	s2 := New(WithMaxEntries(7), WithCleanupInterval(time.Second))
+	defer s2.Close()
+	if s2.max != 7 || s2.cleanupEvery != time.Second {
+		t.Fatalf("max %d, cleanup %v", s2.max, s2.cleanupEvery)
+	}
+}
+
+func TestAllocations(t *testing.T) {
 	s, _ := newStore(t)
-	keys := make([]string, 1000)
+	const runs = 500
+	keys := make([]string, runs+1) // AllocsPerRun runs once more to warm up
 	for i := range keys {
 		keys[i] = fmt.Sprint("key-", i)
 	}
+	rec := make([]byte, 1000)
+	ctx := t.Context()
+
 	i := 0
-	allocs := testing.AllocsPerRun(500, func() {
+	if n := testing.AllocsPerRun(runs, func() {
 		s.Acquire(ctx, keys[i], "owner", "fp", time.Minute)
 		i++
-	})
-	if allocs > 1.5 { // the entry, plus amortised map growth
-		t.Fatalf("Acquire of a new key allocates %.1f times", allocs)
+	}); n > 1 {
+		t.Errorf("Acquire of a new key: %v allocations, want 1 (the entry; growth amortised)", n)
+	}
+	i = 0
+	if n := testing.AllocsPerRun(runs, func() {
+		s.Complete(ctx, keys[i], "owner", rec, time.Hour)
+		i++
+	}); n != 1 {
+		t.Errorf("Complete: %v allocations, want 1 (the copy of the record)", n)
+	}
+	var first storage.Result
+	if n := testing.AllocsPerRun(runs, func() {
+		first, _ = s.Acquire(ctx, keys[0], "other", "fp", time.Minute)
+	}); n != 0 {
+		t.Errorf("Acquire of a done entry: %v allocations, want 0", n)
+	}
+	again, _ := s.Acquire(ctx, keys[0], "other", "fp", time.Minute)
+	if first.State != storage.Done || &first.Record[0] != &again.Record[0] {
+		t.Error("Acquire of a done entry copied the record; it should return the stored slice")
+	}
+}
+
+// TestRandomOperations runs random operations from several goroutines on
+// a few keys with a small bound, checking the internal invariants (map,
+// expiry heap, list of done entries and byte count agree) as it goes.
+func TestRandomOperations(t *testing.T) {
+	s, clk := newStore(t, WithMaxEntries(6))
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+	owners := []string{"o0", "o1", "o2"}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			ctx := t.Context()
+			for range 2000 {
+				k, o := keys[r.IntN(len(keys))], owners[r.IntN(len(owners))]
+				d := time.Duration(1+r.IntN(3000)) * time.Millisecond
+				var err error
+				switch r.IntN(6) {
+				case 0, 1:
+					_, err = s.Acquire(ctx, k, o, k, d)
+				case 2:
+					err = s.Complete(ctx, k, o, []byte(k+o), d)
+				case 3:
+					err = s.Release(ctx, k, o)
+				case 4:
+					err = s.Extend(ctx, k, o, d)
+				case 5:
+					clk.Advance(time.Duration(r.IntN(500)) * time.Millisecond)
+					if r.IntN(10) == 0 {
+						s.sweep()
+					}
+				}
+				if err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrFull) {
+					t.Errorf("unexpected error: %v", err)
+					return
+				}
+				s.checkInvariants(t)
+			}
+		})
+	}
+	wg.Wait()
+	s.checkInvariants(t)
+}
+
+// checkInvariants checks that the map, the expiry heap, the list of done
+// entries and the byte count agree, and the bound holds.
+func (s *Store) checkInvariants(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.entries) > s.max {
+		t.Errorf("%d entries over the bound of %d", len(s.entries), s.max)
+	}
+	if len(s.byExpiry) != len(s.entries) {
+		t.Fatalf("heap holds %d entries, map %d", len(s.byExpiry), len(s.entries))
+	}
+	size := 0
+	for i, e := range s.byExpiry {
+		if e.index != i || s.entries[e.key] != e {
+			t.Fatalf("heap[%d] = %q with index %d, not the map's entry", i, e.key, e.index)
+		}
+		if i > 0 && e.expires.Before(s.byExpiry[(i-1)/2].expires) {
+			t.Fatalf("heap order broken at %d", i)
+		}
+		if e.done != (e.record != nil) || e.done == (e.owner != "") {
+			t.Fatalf("entry %q: done %v, owner %q, record %v", e.key, e.done, e.owner, e.record != nil)
+		}
+		size += e.size()
+	}
+	if size != s.bytes {
+		t.Fatalf("Bytes %d, entries hold %d", s.bytes, size)
+	}
+	done := 0
+	for e, prev := s.oldest, (*entry)(nil); e != nil; prev, e = e, e.next {
+		if !e.done || e.prev != prev || s.entries[e.key] != e {
+			t.Fatalf("list of done entries broken at %q", e.key)
+		}
+		if e.next == nil && s.newest != e {
+			t.Fatal("list of done entries: newest is not the last")
+		}
+		done++
+	}
+	for _, e := range s.entries {
+		if e.done {
+			done--
+		}
+	}
+	if done != 0 {
+		t.Fatalf("list of done entries and map disagree by %d", done)
 	}
 }
