@@ -14,9 +14,13 @@
 // also be given to a single route or group: e.POST("/orders", createOrder,
 // echoidem.Middleware(m)).
 //
+// Register it with Use (or on a group or route), not with Pre: before
+// routing there is no route, and every request would pass through.
+//
 // The route that scopes a record is c.Path() ("/orders/:id"). A request
-// that matched no route (Path is "") passes through untouched, so Echo's
-// 404 and 405 answers are never stored.
+// that matched no route passes through untouched, so Echo's 404 and 405
+// answers are never stored; this includes routes registered with
+// RouteNotFound and the catch-all 404 route that Group.Use registers.
 //
 // # Errors returned by handlers
 //
