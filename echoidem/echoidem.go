@@ -5,7 +5,7 @@
 //		log.Fatal(err)
 //	}
 //	e := echo.New()
-//	e.Use(middleware.Logger(), middleware.Recover(), echoidem.Middleware(m))
+//	e.Use(middleware.RequestLogger(), middleware.Recover(), echoidem.Middleware(m))
 //	e.POST("/orders", createOrder)
 //
 // Put the middleware inside middleware.Recover, so that a panicking handler
