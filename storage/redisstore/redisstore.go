@@ -1,17 +1,32 @@
 // Package redisstore is a [storage.Store] on Redis, shared by every
-// instance of a service. It works with any redis.UniversalClient:
-// redis.Client, redis.ClusterClient and redis.FailoverClient.
+// instance of a service:
+//
+//	store := redisstore.New(rdb)
+//	m, err := idem.New(store)
+//
+// It works with any redis.UniversalClient (redis.Client, redis.ClusterClient,
+// redis.FailoverClient) unchanged.
 //
 // Each operation is one Lua script on one key, run through redis.Script
-// (EVALSHA, with EVAL when the script is not cached), so it is atomic, costs
-// one round trip and routes to the right cluster node. Every key carries a
-// TTL, sent in milliseconds.
+// (EVALSHA, then EVAL when the server does not have the script cached), so
+// it is atomic, costs one round trip once the script is cached, and routes
+// to the right Redis Cluster node: a script touches KEYS[1] only. Every key
+// carries a TTL, sent in milliseconds and rounded up (never 0, which
+// PEXPIRE takes as "delete now"). Every script gives the same answer when
+// run twice, so go-redis's retries after a timeout are harmless.
 //
 // # Layout
 //
-// An entry is one Redis string under prefix+key: a state byte ('P' while
-// processing, 'D' when done), one byte with the fingerprint's length, the
-// fingerprint, then the owner token (processing) or the record (done).
+// An entry is one Redis string under prefix+key:
+//
+//	'P' len(fingerprint) fingerprint owner    while processing
+//	'D' len(fingerprint) fingerprint record   when done
+//
+// The state is one byte, 'P' or 'D'; the fingerprint's length is one byte
+// (a fingerprint has at most [storage.MaxFingerprintLen] bytes); the owner
+// token or the record takes the rest of the value. A value of any other
+// shape (or a key of another type) makes every operation on it fail with
+// an error, and changes nothing.
 package redisstore
 
 import (
@@ -24,10 +39,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultPrefix is the prefix of every key the store writes.
+// DefaultPrefix is the prefix of every key the store writes unless
+// WithPrefix says otherwise.
 const DefaultPrefix = "idem:"
 
-// Store is a storage.Store on Redis. Create it with [New].
+// Store is a storage.Store on Redis. Create it with [New]; the zero value
+// is not usable. It is safe for concurrent use.
 type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -38,31 +55,35 @@ var _ storage.Store = (*Store)(nil)
 // Option configures a Store.
 type Option func(*Store)
 
-// WithPrefix sets the prefix of every key. Default "idem:". To keep all of
-// one application's keys on one Redis Cluster slot you could use a hash
-// tag such as "{idem}:", but this is rarely wanted: spreading keys across
-// slots spreads the load.
+// WithPrefix sets the prefix of every key, [DefaultPrefix] by default. An
+// empty prefix is allowed. Give each application sharing a Redis its own
+// prefix. A hash tag such as "{idem}:" would put all keys on one Redis
+// Cluster slot, which is rarely wanted: the middleware's keys are hashes,
+// and spreading them across slots spreads the load.
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
-// New returns a Store that keeps its entries in rdb.
+// New returns a Store that keeps its entries in rdb. It sends nothing to
+// Redis until used.
 //
 // go-redis's defaults suit batch work, not a request path: the context's
-// deadline is ignored (ContextTimeoutEnabled is false) and with Redis down
-// every call takes about 1.7 s to fail, with up to 3 retries. For a web
-// service set ContextTimeoutEnabled, dial, read and write timeouts of a few
-// hundred milliseconds and MaxRetries of 1 or 2, so that a request gets its
-// 503 quickly while Redis is unreachable:
+// deadline is ignored (ContextTimeoutEnabled is false), reads wait up to
+// 3 s, and with Redis down each call takes about 1.7 s to fail after its 3
+// retries. For a web service, set ContextTimeoutEnabled and timeouts of a
+// few hundred milliseconds and few retries, so that a request gets its 503
+// quickly while Redis is unreachable:
 //
 //	rdb := redis.NewClient(&redis.Options{
 //		Addr:                  "localhost:6379",
-//		ContextTimeoutEnabled: true,
-//		DialTimeout:           250 * time.Millisecond,
-//		ReadTimeout:           250 * time.Millisecond,
-//		WriteTimeout:          250 * time.Millisecond,
-//		MaxRetries:            1,
+//		ContextTimeoutEnabled: true,                   // honour the request's deadline
+//		DialTimeout:           250 * time.Millisecond, // default 5 s
+//		ReadTimeout:           250 * time.Millisecond, // default 3 s
+//		WriteTimeout:          250 * time.Millisecond, // default 3 s
+//		MaxRetries:            1,                      // default 3
 //	})
 //
-// Retries are safe: every script gives the same result when run twice.
+// The same fields exist in redis.ClusterOptions, redis.FailoverOptions and
+// redis.UniversalOptions. Retries are safe: every script gives the same
+// answer when run twice.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{rdb: rdb, prefix: DefaultPrefix}
 	for _, o := range opts {
@@ -73,160 +94,230 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	return s
 }
 
-// Result codes the scripts return.
-const (
-	codeAcquired = 1
-	codeInFlight = 2
-	codeDone     = 3
-	codeOK       = 1
-	codeNotOwner = 0
+var (
+	// errCorrupt: the key holds something that is not an entry of this
+	// store.
+	errCorrupt = errors.New("value is not an idem entry")
+	// errReply: a script answered something it never answers.
+	errReply = errors.New("unexpected reply")
 )
 
-// acquire: KEYS[1]; ARGV owner, fingerprint, lease ms.
-var acquireScript = redis.NewScript(`
+// parseLua, the start of every script, splits a value into its state byte,
+// fingerprint and rest (owner or record), or returns nil when the value is
+// not an entry (a processing entry must have an owner).
+const parseLua = `
+local function parse(v)
+  local tag, n = string.sub(v, 1, 1), string.byte(v, 2)
+  if n == nil or #v < 2 + n or (tag == 'P' and #v == 2 + n) or (tag ~= 'P' and tag ~= 'D') then
+    return nil
+  end
+  return tag, string.sub(v, 3, 2 + n), string.sub(v, 3 + n)
+end
 local v = redis.call('GET', KEYS[1])
+`
+
+// Answers of the scripts. Acquire answers a table: {1} acquired,
+// {2, fingerprint, pttl} in flight, {3, fingerprint, record} done, {0}
+// corrupt. The others answer one integer.
+const (
+	codeCorrupt  = -1
+	codeNotOwner = 0
+	codeOK       = 1
+
+	codeAcquireCorrupt = 0
+	codeAcquired       = 1
+	codeInFlight       = 2
+	codeDone           = 3
+)
+
+// acquire: ARGV owner, fingerprint, lease in ms.
+var acquireScript = redis.NewScript(parseLua + `
 if not v then
   redis.call('SET', KEYS[1], 'P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1], 'PX', ARGV[3])
   return {1}
 end
-local n = string.byte(v, 2)
-if n == nil or #v < 2 + n then
-  return redis.error_reply('idem: malformed entry')
-end
-local fp = string.sub(v, 3, 2 + n)
-local tag = string.sub(v, 1, 1)
-if tag == 'P' then
-  if string.sub(v, 3 + n) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return {1}
-  end
-  return {2, fp, redis.call('PTTL', KEYS[1])}
-elseif tag == 'D' then
-  return {3, fp, string.sub(v, 3 + n)}
-end
-return redis.error_reply('idem: malformed entry')
-`)
-
-// complete: KEYS[1]; ARGV owner, record, ttl ms.
-var completeScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local n = string.byte(v, 2)
-if n == nil or #v < 2 + n then
-  return redis.error_reply('idem: malformed entry')
-end
-local tag = string.sub(v, 1, 1)
+local tag, fp, rest = parse(v)
 if tag == 'D' then
-  if string.sub(v, 3 + n) == ARGV[2] then return 1 end
-  return 0
+  return {3, fp, rest}
+elseif tag == 'P' and rest == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1}
+elseif tag == 'P' then
+  return {2, fp, redis.call('PTTL', KEYS[1])}
 end
-if tag ~= 'P' or string.sub(v, 3 + n) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 2 + n) .. ARGV[2], 'PX', ARGV[3])
-return 1
+return {0}
 `)
 
-// release: KEYS[1]; ARGV owner.
-var releaseScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
+// complete: ARGV owner, record, ttl in ms.
+var completeScript = redis.NewScript(parseLua + `
+if not v then return 0 end
+local tag, fp, rest = parse(v)
+if tag == 'D' then
+  if rest == ARGV[2] then return 1 end
+  return 0
+elseif tag == 'P' then
+  if rest ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[1], 'D' .. string.char(#fp) .. fp .. ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return -1
+`)
+
+// release: ARGV owner.
+var releaseScript = redis.NewScript(parseLua + `
 if not v then return 1 end
-local n = string.byte(v, 2)
-if string.sub(v, 1, 1) == 'P' and n ~= nil and string.sub(v, 3 + n) == ARGV[1] then
+local tag, fp, rest = parse(v)
+if tag == 'P' and rest == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
+elseif tag then
+  return 0
 end
-return 0
+return -1
 `)
 
-// extend: KEYS[1]; ARGV owner, lease ms.
-var extendScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
+// extend: ARGV owner, lease in ms.
+var extendScript = redis.NewScript(parseLua + `
 if not v then return 0 end
-local n = string.byte(v, 2)
-if string.sub(v, 1, 1) == 'P' and n ~= nil and string.sub(v, 3 + n) == ARGV[1] then
+local tag, fp, rest = parse(v)
+if tag == 'P' and rest == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
+elseif tag then
+  return 0
 end
-return 0
+return -1
 `)
 
-// ms gives d in whole milliseconds, rounded up: never 0, which PEXPIRE
-// would take as "delete now".
+// ms gives d in whole milliseconds, rounded up, for a d > 0: never 0,
+// which PEXPIRE takes as "delete now" and SET PX refuses.
 func ms(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	n := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		n++
+	}
+	return n
 }
 
-func invalid(what string) error { return fmt.Errorf("redisstore: %w: %s", storage.ErrInvalid, what) }
-
-var errReply = errors.New("redisstore: unexpected reply")
-
-// Acquire implements storage.Store.
+// Acquire implements [storage.Store.Acquire]. Errors wrap
+// [storage.ErrInvalid], or say that Redis could not be reached, failed, or
+// holds a value under the key that is not an entry.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: %w", err)
-	}
-	v, err := acquireScript.Run(ctx, s.rdb, []string{s.prefix + key}, owner, fingerprint, ms(lease)).Slice()
-	if err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", err)
 	}
-	code, ok := int64At(v, 0)
+	reply, err := acquireScript.Run(ctx, s.rdb, []string{s.prefix + key}, owner, fingerprint, ms(lease)).Result()
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", replyErr(err))
+	}
+	res, err := acquireResult(reply)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire %q: %w", s.prefix+key, err)
+	}
+	return res, nil
+}
+
+// acquireResult maps the acquire script's answer.
+func acquireResult(reply any) (storage.Result, error) {
+	v, _ := reply.([]any)
+	if len(v) == 0 {
+		return storage.Result{}, unexpected(reply)
+	}
+	code, ok := v[0].(int64)
 	switch {
-	case ok && code == codeAcquired && len(v) == 1:
+	case !ok:
+	case code == codeAcquired && len(v) == 1:
 		return storage.Result{State: storage.Acquired}, nil
-	case ok && code == codeInFlight && len(v) == 3:
+	case code == codeInFlight && len(v) == 3:
 		fp, ok1 := v[1].(string)
-		left, ok2 := int64At(v, 2)
+		pttl, ok2 := v[2].(int64)
 		if ok1 && ok2 {
-			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: max(time.Duration(left)*time.Millisecond, time.Millisecond)}, nil
+			// PTTL is in whole ms and may read 0 in the entry's last
+			// millisecond; the contract promises at least 1ms.
+			left := max(time.Duration(pttl)*time.Millisecond, time.Millisecond)
+			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: left}, nil
 		}
-	case ok && code == codeDone && len(v) == 3:
+	case code == codeDone && len(v) == 3:
 		fp, ok1 := v[1].(string)
 		rec, ok2 := v[2].(string)
 		if ok1 && ok2 {
 			return storage.Result{State: storage.Done, Fingerprint: fp, Record: []byte(rec)}, nil
 		}
+	case code == codeAcquireCorrupt && len(v) == 1:
+		return storage.Result{}, errCorrupt
 	}
-	return storage.Result{}, fmt.Errorf("%w to acquire: %v", errReply, v)
+	return storage.Result{}, unexpected(reply)
 }
 
-func int64At(v []any, i int) (int64, bool) {
-	if i >= len(v) {
-		return 0, false
-	}
-	n, ok := v[i].(int64)
-	return n, ok
-}
-
-// run runs an owner-checked script and maps its 1/0 answer.
-func (s *Store) run(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
-	n, err := script.Run(ctx, s.rdb, []string{s.prefix + key}, args...).Int64()
-	switch {
-	case err != nil:
-		return fmt.Errorf("redisstore: %s: %w", op, err)
-	case n == codeOK:
-		return nil
-	case n == codeNotOwner:
-		return fmt.Errorf("redisstore: %s: %w", op, storage.ErrNotOwner)
-	}
-	return fmt.Errorf("%w to %s: %d", errReply, op, n)
-}
-
-// Complete implements storage.Store.
+// Complete implements [storage.Store.Complete]. Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
+// not be reached, failed, or holds a value under the key that is not an
+// entry.
 func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	if ttl <= 0 {
-		return invalid("ttl not positive")
+		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	return s.run(ctx, "complete", completeScript, key, owner, record, ms(ttl))
+	return s.owned(ctx, "complete", completeScript, key, owner, record, ms(ttl))
 }
 
-// Release implements storage.Store.
+// Release implements [storage.Store.Release]. Errors wrap
+// [storage.ErrNotOwner], or say that Redis could not be reached, failed,
+// or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
-	return s.run(ctx, "release", releaseScript, key, owner)
+	return s.owned(ctx, "release", releaseScript, key, owner)
 }
 
-// Extend implements storage.Store.
+// Extend implements [storage.Store.Extend]. Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
+// not be reached, failed, or holds a value under the key that is not an
+// entry.
 func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
 	if lease <= 0 {
-		return invalid("lease not positive")
+		return fmt.Errorf("redisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
-	return s.run(ctx, "extend", extendScript, key, owner, ms(lease))
+	return s.owned(ctx, "extend", extendScript, key, owner, ms(lease))
+}
+
+// owned runs an owner-checked script and maps its answer.
+func (s *Store) owned(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
+	reply, err := script.Run(ctx, s.rdb, []string{s.prefix + key}, args...).Result()
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, replyErr(err))
+	}
+	if err := ownedResult(reply); err != nil {
+		return fmt.Errorf("redisstore: %s %q: %w", op, s.prefix+key, err)
+	}
+	return nil
+}
+
+// ownedResult maps the answer of an owner-checked script.
+func ownedResult(reply any) error {
+	code, ok := reply.(int64)
+	switch {
+	case ok && code == codeOK:
+		return nil
+	case ok && code == codeNotOwner:
+		return storage.ErrNotOwner
+	case ok && code == codeCorrupt:
+		return errCorrupt
+	}
+	return unexpected(reply)
+}
+
+// replyErr maps redis.Nil, the answer to a script that returns Lua false
+// or nil, which these scripts never do: it must not pass for "no entry".
+func replyErr(err error) error {
+	if errors.Is(err, redis.Nil) {
+		return fmt.Errorf("%w: nil", errReply)
+	}
+	return err
+}
+
+// unexpected describes a reply by its shape only: it may hold a record of
+// a megabyte.
+func unexpected(reply any) error {
+	if v, ok := reply.([]any); ok {
+		return fmt.Errorf("%w: an array of %d", errReply, len(v))
+	}
+	return fmt.Errorf("%w: %T", errReply, reply)
 }

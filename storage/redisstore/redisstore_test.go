@@ -1,9 +1,13 @@
 package redisstore_test
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,160 +19,404 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// Main stops the shared redis-server and checks for leaked goroutines.
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-var ctx = context.Background()
+// backend is a Redis to run a test on: miniredis, or a real server.
+type backend struct {
+	name string
+	// open returns a client and, for miniredis, the server.
+	open func(t *testing.T) (*redis.Client, *miniredis.Miniredis)
+}
 
-func miniStore(t *testing.T, opts ...redisstore.Option) (*redisstore.Store, *miniredis.Miniredis, *redis.Client) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+var backends = []backend{
+	{"miniredis", func(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
+		mr := miniredis.RunT(t)
+		return client(t, mr.Addr()), mr
+	}},
+	{"redis", func(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
+		return client(t, redistest.Addr(t)), nil
+	}},
+}
+
+// client returns a client that fails at once, without retries, so that
+// tests of failures are quick.
+func client(t *testing.T, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
-	return redisstore.New(rdb, opts...), mr, rdb
+	return rdb
+}
+
+// prefix returns a prefix no other test uses, for tests on a shared server.
+func prefix(name string) string { return "test:" + name + ":" + rand.Text()[:8] + ":" }
+
+func each(t *testing.T, f func(t *testing.T, rdb *redis.Client, mr *miniredis.Miniredis)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			rdb, mr := b.open(t)
+			f(t, rdb, mr)
+		})
+	}
 }
 
 func TestContractMiniredis(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		s, mr, _ := miniStore(t)
-		return storagetest.Harness{Store: s, Advance: mr.FastForward}
+		mr := miniredis.RunT(t)
+		return storagetest.Harness{Store: redisstore.New(client(t, mr.Addr())), Advance: mr.FastForward}
 	})
 }
 
 func TestContractRedis(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := client(t, redistest.Addr(t))
+	s := redisstore.New(rdb, redisstore.WithPrefix(prefix("contract")))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: redisstore.New(rdb, redisstore.WithPrefix("contract:"))}
+		return storagetest.Harness{Store: s}
 	})
 }
 
-// TestOneRoundTripEach counts the commands each operation sends to a real
-// server, after the scripts are cached.
-func TestOneRoundTripEach(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+// TestContractRedisCluster runs the suite through a redis.ClusterClient on
+// a one-node Redis Cluster: the scripts route by KEYS[1].
+func TestContractRedisCluster(t *testing.T) {
+	t.Parallel() // a new cluster node waits 2s before it says it is ok
+	dir := t.TempDir()
+	addr := redistest.Start(t, "--cluster-enabled", "yes", "--dir", dir,
+		"--cluster-config-file", filepath.Join(dir, "nodes.conf"))
+	node := client(t, addr)
+	if err := node.ClusterAddSlotsRange(t.Context(), 0, 16383).Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(node.ClusterInfo(t.Context()).Val(), "cluster_state:ok") {
+		if time.Now().After(deadline) {
+			t.Fatal("the one-node cluster is not ok after 5s")
+		}
+		time.Sleep(20 * time.Millisecond) // an external process: nothing to wait on but time
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	var c redistest.CommandCounter
-	rdb.AddHook(&c)
-	s := redisstore.New(rdb, redisstore.WithPrefix("rt:"))
-	// Warm the script cache once.
-	s.Acquire(ctx, "warm", "o", "", time.Second)
-	s.Extend(ctx, "warm", "o", time.Second)
-	s.Complete(ctx, "warm", "o", []byte("r"), time.Second)
-	s.Release(ctx, "warm2", "o")
-	for _, step := range []struct {
-		name string
-		op   func() error
-	}{
-		{"acquire", func() error { _, err := s.Acquire(ctx, "k", "o", "fp", time.Minute); return err }},
-		{"extend", func() error { return s.Extend(ctx, "k", "o", time.Minute) }},
-		{"complete", func() error { return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute) }},
-		{"replay", func() error { _, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); return err }},
-		{"release", func() error { return s.Release(ctx, "missing", "o") }},
-	} {
-		name, op := step.name, step.op
-		c.Reset()
-		if err := op(); err != nil {
-			t.Fatalf("%s: %v", name, err)
+	s := redisstore.New(rdb)
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		return storagetest.Harness{Store: s}
+	})
+}
+
+// op is one store operation with the outcome it must have.
+type op struct {
+	name string
+	run  func(ctx context.Context, s *redisstore.Store) error
+}
+
+func acquireOp(name, key, owner string, want storage.State) op {
+	return op{name, func(ctx context.Context, s *redisstore.Store) error {
+		res, err := s.Acquire(ctx, key, owner, "fp", time.Minute)
+		if err == nil && res.State != want {
+			return errors.New("state " + res.State.String() + ", want " + want.String())
 		}
-		if n := c.Count(); n != 1 {
-			t.Errorf("%s took %d round trips, want 1", name, n)
+		return err
+	}}
+}
+
+func wantErr(want error, f func(ctx context.Context, s *redisstore.Store) error) func(ctx context.Context, s *redisstore.Store) error {
+	return func(ctx context.Context, s *redisstore.Store) error {
+		if err := f(ctx, s); !errors.Is(err, want) {
+			return errors.New("error " + errString(err) + ", want " + want.Error())
 		}
+		return nil
 	}
 }
 
-func TestScriptFlushFallsBackToEval(t *testing.T) {
-	s, mr, rdb := miniStore(t)
-	s.Acquire(ctx, "k", "o", "", time.Minute)
-	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+func errString(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
+// everyOutcome walks every outcome of every operation.
+var everyOutcome = []op{
+	acquireOp("acquire new", "k", "o", storage.Acquired),
+	acquireOp("acquire again", "k", "o", storage.Acquired),
+	acquireOp("acquire in flight", "k", "o2", storage.InFlight),
+	{"extend", func(ctx context.Context, s *redisstore.Store) error { return s.Extend(ctx, "k", "o", time.Minute) }},
+	{"extend not owner", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *redisstore.Store) error { return s.Extend(ctx, "k", "o2", time.Minute) })},
+	{"release not owner", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k", "o2") })},
+	{"complete not owner", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *redisstore.Store) error {
+		return s.Complete(ctx, "k", "o2", []byte("rec"), time.Minute)
+	})},
+	{"complete", func(ctx context.Context, s *redisstore.Store) error {
+		return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute)
+	}},
+	{"complete resent", func(ctx context.Context, s *redisstore.Store) error {
+		return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute)
+	}},
+	acquireOp("acquire done", "k", "o2", storage.Done),
+	acquireOp("acquire to release", "k2", "o", storage.Acquired),
+	{"release", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
+	{"release missing", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
+}
+
+// TestOneRoundTripEach counts the commands each operation sends, once the
+// scripts are cached: exactly one. After SCRIPT FLUSH, the first run of
+// each script costs two (EVALSHA answered NOSCRIPT, then EVAL) and works.
+func TestOneRoundTripEach(t *testing.T) {
+	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := t.Context()
+		var c redistest.CommandCounter
+		rdb.AddHook(&c)
+		if err := rdb.Ping(ctx).Err(); err != nil { // sets up the connection
+			t.Fatal(err)
+		}
+		run := func(pass string, s *redisstore.Store, want func(i int) int64) {
+			t.Helper()
+			for i, o := range everyOutcome {
+				c.Reset()
+				if err := o.run(ctx, s); err != nil {
+					t.Fatalf("%s: %s: %v", pass, o.name, err)
+				}
+				if n := c.Count(); n != want(i) {
+					t.Errorf("%s: %s took %d round trips, want %d", pass, o.name, n, want(i))
+				}
+			}
+		}
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// Index of the first use of each script in everyOutcome.
+		first := map[int]bool{0: true, 3: true, 5: true, 6: true}
+		run("scripts not cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("flush"))), func(i int) int64 {
+			if first[i] {
+				return 2
+			}
+			return 1
+		})
+		run("scripts cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("rt"))), func(int) int64 { return 1 })
+	})
+}
+
+// TestKeysPrefixedWithTTL checks the layout byte for byte, and that every
+// key is under the prefix and has a TTL, in milliseconds, rounded up.
+func TestKeysPrefixedWithTTL(t *testing.T) {
+	mr := miniredis.RunT(t)
+	s := redisstore.New(client(t, mr.Addr()), redisstore.WithPrefix("app:"))
+	ctx := t.Context()
+	check := func(key, value string, ttl time.Duration) {
+		t.Helper()
+		if v, err := mr.Get(key); err != nil || v != value {
+			t.Fatalf("%s holds %q (%v), want %q", key, v, err, value)
+		}
+		if got := mr.TTL(key); got != ttl {
+			t.Fatalf("%s TTL %v, want %v", key, got, ttl)
+		}
+	}
+	s.Acquire(ctx, "k", "owner", "fp", 1500*time.Millisecond)
+	check("app:k", "P\x02fpowner", 1500*time.Millisecond)
+	s.Acquire(ctx, "k", "owner", "fp", 2*time.Second) // renewed
+	check("app:k", "P\x02fpowner", 2*time.Second)
+	s.Extend(ctx, "k", "owner", 1001*time.Microsecond) // rounded up
+	check("app:k", "P\x02fpowner", 2*time.Millisecond)
+	s.Complete(ctx, "k", "owner", []byte{0, 1, 2}, 36*time.Hour)
+	check("app:k", "D\x02fp\x00\x01\x02", 36*time.Hour)
+	s.Acquire(ctx, "sub", "o", "", 100*time.Microsecond)
+	check("app:sub", "P\x00o", time.Millisecond)
+	s.Acquire(ctx, "k", "other", "x", time.Minute) // a replay changes nothing
+	check("app:k", "D\x02fp\x00\x01\x02", 36*time.Hour)
+	if keys := mr.Keys(); len(keys) != 2 {
+		t.Fatalf("keys %q, want app:k and app:sub only", keys)
+	}
+
+	// The default prefix.
+	redisstore.New(client(t, mr.Addr())).Acquire(ctx, "k", "o", "", time.Minute)
+	if !mr.Exists("idem:k") {
+		t.Fatalf("keys %q, want idem:k among them", mr.Keys())
+	}
+}
+
+// TestEveryKeyHasTTLOnRedis runs every operation on a real server and
+// checks that each key under the prefix has a TTL.
+func TestEveryKeyHasTTLOnRedis(t *testing.T) {
+	rdb := client(t, redistest.Addr(t))
+	ctx := t.Context()
+	p := prefix("ttl")
+	s := redisstore.New(rdb, redisstore.WithPrefix(p))
+	for _, o := range everyOutcome {
+		if err := o.run(ctx, s); err != nil {
+			t.Fatalf("%s: %v", o.name, err)
+		}
+	}
+	s.Acquire(ctx, "sub", "o", "", 100*time.Microsecond+time.Minute)
+	s.Acquire(ctx, "held", "o", "", time.Minute)
+	s.Extend(ctx, "held", "o", 100*time.Microsecond+time.Minute)
+	keys, err := rdb.Keys(ctx, p+"*").Result() // a test server: KEYS is fine
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, "k", "o", []byte("r"), time.Minute); err != nil {
-		t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
+	if len(keys) != 3 {
+		t.Fatalf("keys %q, want k, sub and held", keys)
 	}
-	if v, _ := mr.Get("idem:k"); v != "D\x00r" {
-		t.Fatalf("stored %q", v)
-	}
-}
-
-func TestPrefixLayoutAndTTL(t *testing.T) {
-	s, mr, _ := miniStore(t, redisstore.WithPrefix("app:"))
-	s.Acquire(ctx, "k", "owner", "fp", 1500*time.Millisecond)
-	if v, _ := mr.Get("app:k"); v != "P\x02fpowner" {
-		t.Fatalf("processing value %q", v)
-	}
-	if ttl := mr.TTL("app:k"); ttl != 1500*time.Millisecond {
-		t.Fatalf("processing TTL %v", ttl)
-	}
-	s.Complete(ctx, "k", "owner", []byte{0, 1, 2}, 36*time.Hour)
-	if v, _ := mr.Get("app:k"); v != "D\x02fp\x00\x01\x02" {
-		t.Fatalf("done value %q", v)
-	}
-	if ttl := mr.TTL("app:k"); ttl != 36*time.Hour {
-		t.Fatalf("done TTL %v", ttl)
-	}
-	if keys := mr.Keys(); len(keys) != 1 {
-		t.Fatalf("keys %v", keys)
-	}
-}
-
-func TestEveryKeyHasTTLOnRealRedis(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	t.Cleanup(func() { rdb.Close() })
-	s := redisstore.New(rdb, redisstore.WithPrefix("ttl:"))
-	s.Acquire(ctx, "a", "o", "", 100*time.Microsecond+time.Second)
-	s.Acquire(ctx, "b", "o", "", time.Minute)
-	s.Complete(ctx, "b", "o", []byte("r"), time.Hour)
-	for _, k := range []string{"ttl:a", "ttl:b"} {
-		if d := rdb.PTTL(ctx, k).Val(); d <= 0 {
-			t.Fatalf("%s PTTL %v", k, d)
+	for _, k := range keys {
+		if d, err := rdb.PTTL(ctx, k).Result(); err != nil || d <= 0 {
+			t.Errorf("%s PTTL %v (%v), want a TTL", k, d, err)
 		}
 	}
-	if d := rdb.PTTL(ctx, "ttl:b").Val(); d < 59*time.Minute {
-		t.Fatalf("done PTTL %v, want about an hour", d)
+	if d := rdb.PTTL(ctx, p+"k").Val(); d < 59*time.Second {
+		t.Errorf("done entry PTTL %v, want about a minute", d)
 	}
 }
 
-func TestStoreErrors(t *testing.T) {
-	s, mr, _ := miniStore(t)
+// TestServerErrors checks that a failing or unreachable server surfaces as
+// an error that is neither ErrNotOwner nor ErrInvalid, from every
+// operation.
+func TestServerErrors(t *testing.T) {
+	mr := miniredis.RunT(t)
+	s := redisstore.New(client(t, mr.Addr()))
+	ctx := t.Context()
+	if _, err := s.Acquire(ctx, "k", "o", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]func() error{
+		"acquire":  func() error { _, err := s.Acquire(ctx, "k", "o", "", time.Minute); return err },
+		"complete": func() error { return s.Complete(ctx, "k", "o", []byte("r"), time.Minute) },
+		"release":  func() error { return s.Release(ctx, "k", "o") },
+		"extend":   func() error { return s.Extend(ctx, "k", "o", time.Minute) },
+	}
+	check := func(when string) {
+		t.Helper()
+		for name, f := range ops {
+			err := f()
+			if err == nil || errors.Is(err, storage.ErrNotOwner) || errors.Is(err, storage.ErrInvalid) || !strings.HasPrefix(err.Error(), "redisstore: "+name) {
+				t.Errorf("%s with %s: %v, want a redisstore error", name, when, err)
+			}
+		}
+	}
 	mr.SetError("LOADING Redis is loading the dataset in memory")
-	_, err := s.Acquire(ctx, "k", "o", "", time.Minute)
-	if err == nil || errors.Is(err, storage.ErrNotOwner) {
-		t.Fatalf("Acquire with a failing server: %v", err)
-	}
-	if err := s.Complete(ctx, "k", "o", nil, time.Minute); err == nil || errors.Is(err, storage.ErrNotOwner) {
-		t.Fatalf("Complete with a failing server: %v", err)
-	}
+	check("an error from the server")
 	mr.SetError("")
 	mr.Close()
-	if _, err := s.Acquire(ctx, "k", "o", "", time.Minute); err == nil {
-		t.Fatal("Acquire with the server closed: no error")
-	}
+	check("the server closed")
 }
 
-func TestMalformedValue(t *testing.T) {
-	s, mr, _ := miniStore(t)
-	for _, v := range []string{"garbage", "D", "P", "X\x00abc", "D\x09short"} {
-		mr.Set("idem:bad", v)
-		if res, err := s.Acquire(ctx, "bad", "o", "", time.Minute); err == nil {
-			t.Errorf("Acquire over %q: %+v, want an error", v, res)
-		}
-		if err := s.Complete(ctx, "bad", "o", []byte("r"), time.Minute); err == nil {
-			t.Errorf("Complete over %q: no error", v)
-		}
-		if got, _ := mr.Get("idem:bad"); got != v {
-			t.Errorf("value %q changed to %q", v, got)
-		}
+// TestRecommendedOptionsFailFast checks the advice in New's documentation:
+// with those options a server that accepts connections but never answers
+// fails a request at its deadline, not seconds later.
+func TestRecommendedOptionsFailFast(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func TestBinaryRecordRealRedis(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	var conns sync.WaitGroup
+	var mu sync.Mutex
+	var held []net.Conn
+	conns.Go(func() { // accept and never answer
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		conns.Wait()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  l.Addr().String(),
+		ContextTimeoutEnabled: true,
+		DialTimeout:           250 * time.Millisecond,
+		ReadTimeout:           250 * time.Millisecond,
+		WriteTimeout:          250 * time.Millisecond,
+		MaxRetries:            1,
+	})
 	t.Cleanup(func() { rdb.Close() })
-	s := redisstore.New(rdb, redisstore.WithPrefix("bin:"))
-	rec := []byte{0, 'D', 0xff, '\r', '\n', 0}
-	s.Acquire(ctx, "k", "o", "\x00\xff", time.Minute)
-	s.Complete(ctx, "k", "o", rec, time.Minute)
-	res, err := s.Acquire(ctx, "k", "o2", "", time.Minute)
-	if err != nil || !bytes.Equal(res.Record, rec) || res.Fingerprint != "\x00\xff" {
-		t.Fatalf("%+v %v", res, err)
+	s := redisstore.New(rdb)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = s.Acquire(ctx, "k", "o", "", time.Minute)
+	if took := time.Since(start); err == nil || took > time.Second {
+		t.Fatalf("Acquire on a stalled server: %v after %v, want an error by the 100ms deadline", err, took)
 	}
+	if errors.Is(err, storage.ErrNotOwner) || errors.Is(err, storage.ErrInvalid) {
+		t.Fatalf("Acquire on a stalled server: %v", err)
+	}
+}
+
+// TestCorruptValue puts values that are not entries under a key: every
+// operation fails with an error (not ErrNotOwner, not a panic) and leaves
+// the value alone.
+func TestCorruptValue(t *testing.T) {
+	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := t.Context()
+		p := prefix("corrupt")
+		s := redisstore.New(rdb, redisstore.WithPrefix(p))
+		for _, v := range []string{
+			"", "garbage", "D", "P", "P\x00", "P\x02fp", "X\x00abc", "D\x09short", "\x00\x00",
+		} {
+			if err := rdb.Set(ctx, p+"bad", v, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			for name, f := range map[string]func() error{
+				"acquire":  func() error { _, err := s.Acquire(ctx, "bad", "o", "", time.Minute); return err },
+				"complete": func() error { return s.Complete(ctx, "bad", "o", []byte("r"), time.Minute) },
+				"release":  func() error { return s.Release(ctx, "bad", "o") },
+				"extend":   func() error { return s.Extend(ctx, "bad", "o", time.Minute) },
+			} {
+				err := f()
+				if err == nil || errors.Is(err, storage.ErrNotOwner) || !strings.Contains(err.Error(), "not an idem entry") {
+					t.Errorf("%s over %q: %v, want an error saying the value is not an entry", name, v, err)
+				}
+			}
+			if got := rdb.Get(ctx, p+"bad").Val(); got != v {
+				t.Errorf("value %q changed to %q", v, got)
+			}
+		}
+
+		// A key of another type: Redis's own WRONGTYPE error.
+		rdb.Del(ctx, p+"bad")
+		rdb.HSet(ctx, p+"bad", "f", "v")
+		if _, err := s.Acquire(ctx, "bad", "o", "", time.Minute); err == nil || errors.Is(err, storage.ErrNotOwner) {
+			t.Errorf("Acquire over a hash: %v, want an error", err)
+		}
+		if err := s.Release(ctx, "bad", "o"); err == nil || errors.Is(err, storage.ErrNotOwner) {
+			t.Errorf("Release over a hash: %v, want an error", err)
+		}
+	})
+}
+
+// TestScriptsAreSafeToRunTwice sends each script twice, as go-redis does
+// when it retries after a read timeout, from two clients at once.
+func TestScriptsAreSafeToRunTwice(t *testing.T) {
+	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := t.Context()
+		s := redisstore.New(rdb, redisstore.WithPrefix(prefix("twice")))
+		twice := func(what string, f func() error) {
+			t.Helper()
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i := range errs {
+				wg.Go(func() { errs[i] = f() })
+			}
+			wg.Wait()
+			if errs[0] != nil || errs[1] != nil {
+				t.Fatalf("%s sent twice: %v, %v", what, errs[0], errs[1])
+			}
+		}
+		twice("acquire", func() error {
+			res, err := s.Acquire(ctx, "k", "o", "fp", time.Minute)
+			if err == nil && res.State != storage.Acquired {
+				return errors.New(res.State.String())
+			}
+			return err
+		})
+		twice("extend", func() error { return s.Extend(ctx, "k", "o", time.Minute) })
+		twice("complete", func() error { return s.Complete(ctx, "k", "o", []byte("r"), time.Minute) })
+		s.Acquire(ctx, "k2", "o", "fp", time.Minute)
+		twice("release", func() error { return s.Release(ctx, "k2", "o") })
+	})
 }

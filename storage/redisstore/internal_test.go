@@ -1,0 +1,76 @@
+package redisstore
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/storage"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMilliseconds(t *testing.T) {
+	for d, want := range map[time.Duration]int64{
+		time.Nanosecond:                    1,
+		100 * time.Microsecond:             1,
+		time.Millisecond:                   1,
+		time.Millisecond + time.Nanosecond: 2,
+		1500 * time.Millisecond:            1500,
+		24 * time.Hour:                     86_400_000,
+		time.Duration(1<<63 - 1):           9_223_372_036_855, // no overflow
+	} {
+		if got := ms(d); got != want {
+			t.Errorf("ms(%v) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+// TestReplyShapes feeds the reply mappers answers the scripts never give:
+// each is an error, never a panic, and never a storage error.
+func TestReplyShapes(t *testing.T) {
+	for _, reply := range []any{
+		nil, int64(1), "1", []any{}, []any{nil}, []any{"1"}, []any{int64(9)},
+		[]any{int64(1), "extra"}, []any{int64(2)}, []any{int64(2), "fp"}, []any{int64(2), int64(5), int64(5)},
+		[]any{int64(2), "fp", "5"}, []any{int64(3), "fp"}, []any{int64(3), "fp", int64(5)},
+		[]any{int64(3), nil, "r"}, []any{int64(0), "x"}, []any{int64(2), "fp", int64(1), "extra"},
+	} {
+		res, err := acquireResult(reply)
+		if !errors.Is(err, errReply) || res.State != 0 {
+			t.Errorf("acquire reply %#v: %+v, %v; want an unexpected-reply error", reply, res, err)
+		}
+	}
+	for _, reply := range []any{nil, "1", int64(2), int64(-2), []any{int64(1)}, "OK"} {
+		if err := ownedResult(reply); !errors.Is(err, errReply) {
+			t.Errorf("reply %#v: %v, want an unexpected-reply error", reply, err)
+		}
+	}
+	if err := replyErr(redis.Nil); !errors.Is(err, errReply) || errors.Is(err, redis.Nil) {
+		t.Errorf("redis.Nil mapped to %v: want an unexpected reply, not a nil that could pass for a missing key", err)
+	}
+}
+
+func TestReplies(t *testing.T) {
+	for _, c := range []struct {
+		reply any
+		want  storage.Result
+		err   error
+	}{
+		{[]any{int64(1)}, storage.Result{State: storage.Acquired}, nil},
+		{[]any{int64(2), "fp", int64(1500)}, storage.Result{State: storage.InFlight, Fingerprint: "fp", LeaseLeft: 1500 * time.Millisecond}, nil},
+		{[]any{int64(2), "", int64(0)}, storage.Result{State: storage.InFlight, LeaseLeft: time.Millisecond}, nil},
+		{[]any{int64(2), "", int64(-1)}, storage.Result{State: storage.InFlight, LeaseLeft: time.Millisecond}, nil},
+		{[]any{int64(3), "fp", ""}, storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte{}}, nil},
+		{[]any{int64(0)}, storage.Result{}, errCorrupt},
+	} {
+		res, err := acquireResult(c.reply)
+		if !errors.Is(err, c.err) || res.State != c.want.State || res.Fingerprint != c.want.Fingerprint ||
+			res.LeaseLeft != c.want.LeaseLeft || string(res.Record) != string(c.want.Record) {
+			t.Errorf("acquire reply %#v: %+v, %v; want %+v, %v", c.reply, res, err, c.want, c.err)
+		}
+	}
+	for reply, want := range map[int64]error{1: nil, 0: storage.ErrNotOwner, -1: errCorrupt} {
+		if err := ownedResult(reply); !errors.Is(err, want) || (want == nil && err != nil) {
+			t.Errorf("reply %d: %v, want %v", reply, err, want)
+		}
+	}
+}
