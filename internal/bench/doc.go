@@ -1,0 +1,14 @@
+// Package bench measures what the idem middleware costs: benchmarks of
+// every adapter (nethttp, ginidem, echoidem) on every store (memory, and a
+// real redis-server when there is one) against the same handler without
+// the middleware, and tests that hold the deterministic budgets (store
+// round trips, allocations, bytes per stored record).
+//
+// The package holds only tests:
+//
+//	go test ./internal/bench/                                  # the budgets
+//	go test -run '^$' -bench . -benchtime 1s -count 5 ./internal/bench/ | tee new.txt
+//	benchstat new.txt
+//
+// See docs/performance.md for the figures and how to read them.
+package bench

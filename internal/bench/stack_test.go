@@ -1,0 +1,288 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"testing"
+	"unsafe"
+
+	"github.com/gin-gonic/gin"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestMain stops the shared redis-server and checks for leaked goroutines.
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.ReleaseMode)
+	redistest.Main(m)
+}
+
+// The response every handler writes: 201, three headers and a 200-byte
+// JSON body, or a 1 MiB body for the "large" case.
+var (
+	orderJSON = []byte(`{"id":42,"status":"created","customer":"c_8d2f","items":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"total":{"amount":"129.90","currency":"EUR"},"created_at":"2026-11-22T20:20:00Z","note":"leave at door"}`)
+	largeBody = bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+
+	// requestJSON is the body of every POST.
+	requestJSON = []byte(`{"customer":"c_8d2f","items":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}]}`)
+)
+
+const (
+	location  = "/orders/42"
+	requestID = "2f1c7a9e-6f7d-4a8e-9f55-0d3c1b2a4e6f"
+)
+
+// storedHeaderBytes is what the stored headers of the small response weigh:
+// the names and values of Content-Type, Location and X-Request-Id.
+const storedHeaderBytes = len("Content-Type") + len("application/json") +
+	len("Location") + len(location) + len("X-Request-Id") + len(requestID)
+
+// Handlers for each framework. They drain the request body, as a real
+// handler reads it, and answer in one Write; large selects the 1 MiB body.
+func stdHandler(large bool) http.Handler {
+	body := orderJSON
+	if large {
+		body = largeBody
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Location", location)
+		h.Set("X-Request-Id", requestID)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(body)
+	})
+}
+
+func ginHandler(large bool) gin.HandlerFunc {
+	body := orderJSON
+	if large {
+		body = largeBody
+	}
+	return func(c *gin.Context) {
+		io.Copy(io.Discard, c.Request.Body)
+		c.Header("Location", location)
+		c.Header("X-Request-Id", requestID)
+		c.Data(http.StatusCreated, "application/json", body)
+	}
+}
+
+func echoHandler(large bool) echo.HandlerFunc {
+	body := orderJSON
+	if large {
+		body = largeBody
+	}
+	return func(c echo.Context) error {
+		io.Copy(io.Discard, c.Request().Body)
+		h := c.Response().Header()
+		h.Set("Location", location)
+		h.Set("X-Request-Id", requestID)
+		return c.Blob(http.StatusCreated, "application/json", body)
+	}
+}
+
+// adapter mounts POST and GET /orders on one framework, with the
+// middleware (m != nil) or without it (m == nil, the "bare" stack).
+type adapter struct {
+	name  string
+	mount func(m *idem.Middleware, large bool) http.Handler
+	// route is the route the adapter hands to Middleware.Serve.
+	route string
+}
+
+var adapters = []adapter{
+	{"nethttp", func(m *idem.Middleware, large bool) http.Handler {
+		mux := http.NewServeMux()
+		h := stdHandler(large)
+		if m != nil {
+			h = nethttp.Middleware(m)(h)
+		}
+		mux.Handle("POST /orders", h)
+		mux.Handle("GET /orders", h)
+		return mux
+	}, "POST /orders"},
+	{"gin", func(m *idem.Middleware, large bool) http.Handler {
+		r := gin.New()
+		hs := []gin.HandlerFunc{ginHandler(large)}
+		if m != nil {
+			hs = []gin.HandlerFunc{ginidem.Middleware(m), ginHandler(large)}
+		}
+		r.POST("/orders", hs...)
+		r.GET("/orders", hs...)
+		return r
+	}, "/orders"},
+	{"echo", func(m *idem.Middleware, large bool) http.Handler {
+		e := echo.New()
+		var mw []echo.MiddlewareFunc
+		if m != nil {
+			mw = append(mw, echoidem.Middleware(m))
+		}
+		e.POST("/orders", echoHandler(large), mw...)
+		e.GET("/orders", echoHandler(large), mw...)
+		return e
+	}, "/orders"},
+}
+
+// store is a store to measure, with its Redis client when it has one.
+type store struct {
+	storage.Store
+	rdb     *redis.Client // nil for the memory store
+	counter *redistest.CommandCounter
+}
+
+type storeKind struct {
+	name string
+	open func(tb testing.TB) store
+}
+
+var storeKinds = []storeKind{
+	{"memory", func(tb testing.TB) store {
+		s := memstore.New()
+		tb.Cleanup(func() { s.Close() })
+		return store{Store: s}
+	}},
+	{"redis", func(tb testing.TB) store {
+		addr := redistest.Addr(tb)
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		c := new(redistest.CommandCounter)
+		rdb.AddHook(c)
+		tb.Cleanup(func() {
+			if os.Getenv(redistest.EnvAddr) == "" { // our own server: leave it clean
+				rdb.FlushDB(context.Background())
+			}
+			rdb.Close()
+		})
+		return store{Store: redisstore.New(rdb, redisstore.WithPrefix("bench:"+rand.Text()[:8]+":")), rdb: rdb, counter: c}
+	}},
+}
+
+// discard is the cheapest ResponseWriter that still behaves like one: it
+// keeps the status and counts the body, and its header map is cleared,
+// not reallocated, between requests.
+type discard struct {
+	h      http.Header
+	status int
+	n      int
+}
+
+func newDiscard() *discard { return &discard{h: make(http.Header)} }
+
+func (d *discard) Header() http.Header { return d.h }
+
+func (d *discard) WriteHeader(code int) {
+	if d.status == 0 {
+		d.status = code
+	}
+}
+
+func (d *discard) Write(p []byte) (int, error) {
+	if d.status == 0 {
+		d.status = http.StatusOK
+	}
+	d.n += len(p)
+	return len(p), nil
+}
+
+func (d *discard) reset() { clear(d.h); d.status, d.n = 0, 0 }
+
+// body is a request body that can be rewound.
+type body struct{ bytes.Reader }
+
+func (*body) Close() error { return nil }
+
+// client sends requests to one handler, reusing the request, its body and
+// the writer, so that the handler is all that is measured.
+type client struct {
+	h    http.Handler
+	w    *discard
+	r    *http.Request
+	body *body
+	// key is the Idempotency-Key value; setKey rewrites it in place.
+	key []byte
+}
+
+func newClient(h http.Handler, method string) *client {
+	c := &client{h: h, w: newDiscard(), body: new(body)}
+	c.r = httptest.NewRequest(method, "/orders", nil)
+	c.r.Header.Set("Content-Type", "application/json")
+	c.r.Header.Set("Authorization", "Bearer 7f3a0c21")
+	c.key = []byte("order-0000000000")
+	c.r.Header.Set("Idempotency-Key", string(c.key))
+	return c
+}
+
+// setKey makes the key "order-<n>" without allocating: the header value
+// is the key buffer itself. This is safe here because the middleware keeps
+// no reference to the client's key after the request (stores keep a hash).
+func (c *client) setKey(n uint64) {
+	c.key = strconv.AppendUint(c.key[:len("order-")], n, 10)
+	c.r.Header["Idempotency-Key"][0] = unsafe.String(&c.key[0], len(c.key))
+}
+
+// send sends the request once; c.w holds the answer.
+func (c *client) send() {
+	c.w.reset()
+	if c.r.Method == http.MethodPost {
+		c.body.Reset(requestJSON)
+		c.r.Body, c.r.ContentLength = c.body, int64(len(requestJSON))
+	}
+	c.h.ServeHTTP(c.w, c.r)
+}
+
+// setup is one adapter on one store: the middleware, the protected stack
+// and the bare one.
+type setup struct {
+	adapter adapter
+	store   store
+	m       *idem.Middleware
+	h, bare http.Handler
+}
+
+func newSetup(tb testing.TB, a adapter, sk storeKind, large bool) *setup {
+	s := &setup{adapter: a, store: sk.open(tb)}
+	var err error
+	if s.m, err = idem.New(s.store); err != nil {
+		tb.Fatal(err)
+	}
+	s.h, s.bare = a.mount(s.m, large), a.mount(nil, large)
+	return s
+}
+
+// hold makes a request with key on s's route whose handler does not
+// return until the returned function is called, so that requests with the
+// same key conflict meanwhile.
+func (s *setup) hold(tb testing.TB, key string) (release func()) {
+	c := newClient(nil, http.MethodPost)
+	c.r.Header.Set("Idempotency-Key", key)
+	c.body.Reset(requestJSON)
+	c.r.Body, c.r.ContentLength = c.body, int64(len(requestJSON))
+	started, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		s.m.Serve(c.w, c.r, s.adapter.route, func(http.ResponseWriter, *http.Request) {
+			close(started)
+			<-stop
+		})
+	}()
+	select {
+	case <-started:
+	case <-done:
+		tb.Fatalf("hold: the handler did not run (status %d)", c.w.status)
+	}
+	return func() { close(stop); <-done }
+}
