@@ -1,0 +1,255 @@
+// Package demo is what the runnable examples (examples/nethttp,
+// examples/gin, examples/echo) share, so that each example file shows only
+// its framework's code: the flags, the choice of store, the server loop and
+// a scripted client that plays a retry, a reused key and a double click.
+//
+// Each example is the same application, an order endpoint:
+//
+//	POST /orders   {"item":"book","amount":12}
+//	-> 201 {"amount":12,"handler_runs":1,"item":"book","order":1}
+//
+// where handler_runs counts how often the handler really ran, so the effect
+// of the middleware is visible in every answer.
+package demo
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Order is the request body of POST /orders.
+type Order struct {
+	Item   string `json:"item"`
+	Amount int    `json:"amount"`
+}
+
+// NewServer builds an example's application on store. env gives it the
+// observer to install and the hook for slow requests.
+type NewServer func(store storage.Store, env *Env) (http.Handler, error)
+
+// Main is an example's main function: it parses the flags
+//
+//	-addr localhost:8080   listen address
+//	-redis host:port       use Redis; default: the in-memory store
+//	-demo                  serve on a free port, run the scripted client, exit
+//
+// builds the application with newServer and serves it until killed, or,
+// with -demo, runs [Client] against it and exits with status 1 if any
+// answer was not the one the kit promises.
+func Main(newServer NewServer) {
+	log.SetFlags(0)
+	addr := flag.String("addr", "localhost:8080", "listen address")
+	redisAddr := flag.String("redis", "", "Redis address (host:port); default: the in-memory store")
+	demo := flag.Bool("demo", false, "serve on a free port, run a scripted client against it, and exit")
+	flag.Parse()
+
+	store, closeStore := OpenStore(*redisAddr)
+	defer closeStore()
+	env := NewEnv(os.Stderr)
+	h, err := newServer(store, env)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if *demo {
+		*addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+
+	if *demo {
+		if err := Client(os.Stdout, "http://"+ln.Addr().String()); err != nil {
+			closeStore()
+			log.Fatal(err)
+		}
+		return
+	}
+	log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), storeName(*redisAddr))
+	log.Printf("  curl -i -X POST http://%s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr())
+	select {}
+}
+
+// OpenStore returns the in-memory store for an empty addr, else a Redis
+// store on addr with the client options the README recommends for a
+// request path (a request gets its 503 within about half a second while
+// Redis is unreachable), and the function that closes it.
+func OpenStore(addr string) (storage.Store, func()) {
+	if addr == "" {
+		s := memstore.New()
+		return s, func() { s.Close() }
+	}
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           250 * time.Millisecond,
+		ReadTimeout:           250 * time.Millisecond,
+		WriteTimeout:          250 * time.Millisecond,
+		MaxRetries:            1,
+	})
+	return redisstore.New(rdb), func() { rdb.Close() }
+}
+
+func storeName(addr string) string {
+	if addr == "" {
+		return "memory"
+	}
+	return "redis " + addr
+}
+
+// Env is what an example's application gets besides its store.
+type Env struct {
+	log      *log.Logger
+	conflict chan struct{} // closed at the first 409 for a request in flight
+	once     sync.Once
+}
+
+// NewEnv returns an Env that logs the middleware's decisions to w (nil:
+// no log).
+func NewEnv(w io.Writer) *Env {
+	if w == nil {
+		w = io.Discard
+	}
+	return &Env{log: log.New(w, "", 0), conflict: make(chan struct{})}
+}
+
+// Observe is the idem observer the examples install with
+// idem.WithObserver: it logs each decision.
+func (e *Env) Observe(ev idem.Event) {
+	e.log.Printf("idem: %s %s -> %s %d (%v)", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
+	if ev.Outcome == idem.Conflict {
+		e.once.Do(func() { close(e.conflict) })
+	}
+}
+
+// Slow holds a request whose query has slow=1 until the middleware has
+// turned a duplicate of it away with 409, or for 3 seconds, so that the
+// scripted client shows a double click without guessing timings. Other
+// requests pass at once.
+func (e *Env) Slow(r *http.Request) {
+	if r.URL.Query().Get("slow") == "" {
+		return
+	}
+	t := time.NewTimer(3 * time.Second)
+	defer t.Stop()
+	select {
+	case <-e.conflict:
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+}
+
+// step is one request of the scripted client and the answer it must get.
+type step struct {
+	title, key, body, query string
+	status                  int
+	replayed                bool
+}
+
+// answer is what the client got.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// Client plays the scripted client against base ("http://host:port"),
+// writing a curl-like transcript to out: a first call, its retry (replayed,
+// the handler does not run again), the same key with a different body
+// (422), and a double click while the first request still runs (one 201,
+// one 409). It returns an error describing every answer that was not the
+// promised one.
+func Client(out io.Writer, base string) error {
+	var errs []error
+	check := func(s step, a answer, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.title, err))
+			return
+		}
+		printAnswer(out, base, s, a)
+		if a.status != s.status || (a.header.Get("Idempotent-Replayed") == "true") != s.replayed {
+			errs = append(errs, fmt.Errorf("%s: got %d (replayed %q), want %d (replayed %v)",
+				s.title, a.status, a.header.Get("Idempotent-Replayed"), s.status, s.replayed))
+		}
+	}
+	order1 := `{"item":"book","amount":12}`
+	for _, s := range []step{
+		{title: "first call: the handler runs", key: "order-1", body: order1, status: http.StatusCreated},
+		{title: "the client retries: replayed, the handler does not run again", key: "order-1", body: order1, status: http.StatusCreated, replayed: true},
+		{title: "same key, different body: refused", key: "order-1", body: `{"item":"book","amount":99}`, status: http.StatusUnprocessableEntity},
+	} {
+		a, err := send(base, s)
+		check(s, a, err)
+	}
+
+	// A double click: two identical requests at once. Whichever takes the
+	// key first runs (held by Env.Slow until the other was turned away);
+	// the other gets 409.
+	click := step{key: "order-2", body: `{"item":"pen","amount":3}`, query: "?slow=1"}
+	type result struct {
+		a   answer
+		err error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			a, err := send(base, click)
+			results <- result{a, err}
+		}()
+	}
+	first, second := <-results, <-results
+	if second.err == nil && second.a.status == http.StatusConflict {
+		first, second = second, first // show the 409 first, whichever came back first
+	}
+	click.title, click.status = "a double click while the first request is still running: conflict", http.StatusConflict
+	check(click, first.a, first.err)
+	click.title, click.status = "the first request of the double click completes", http.StatusCreated
+	check(click, second.a, second.err)
+	return errors.Join(errs...)
+}
+
+func send(base string, s step) (answer, error) {
+	req, err := http.NewRequest(http.MethodPost, base+"/orders"+s.query, strings.NewReader(s.body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", s.key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return answer{res.StatusCode, res.Header, b}, err
+}
+
+func printAnswer(out io.Writer, base string, s step, a answer) {
+	fmt.Fprintf(out, "\n# %s\n$ curl -X POST '%s/orders%s' -H 'Content-Type: application/json' -H 'Idempotency-Key: %s' -d '%s'\nHTTP %d",
+		s.title, base, s.query, s.key, s.body, a.status)
+	for _, h := range []string{"Idempotent-Replayed", "Retry-After", "Content-Type"} {
+		if v := a.header.Get(h); v != "" {
+			fmt.Fprintf(out, "  %s: %s", h, v)
+		}
+	}
+	fmt.Fprintf(out, "\n%s\n", strings.TrimRight(string(a.body), "\n"))
+}
