@@ -119,6 +119,7 @@ func (w wrapped) Run() int {
 func Main(m *testing.M) { goleak.VerifyTestMain(Wrap(m)) }
 
 func stopShared() {
+	stopCluster()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.srv != nil {
