@@ -1,0 +1,112 @@
+package idem_test
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/storage/memstore"
+)
+
+// post sends a POST with an Idempotency-Key and prints what came back.
+func post(url, key, body string) {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.Header.Get("Content-Type") == "application/problem+json" {
+		b = []byte(res.Header.Get("Content-Type"))
+	}
+	fmt.Println(strings.TrimSpace(fmt.Sprintf("%d replayed=%q %s", res.StatusCode, res.Header.Get("Idempotent-Replayed"), b)))
+}
+
+func ExampleNew() {
+	store := memstore.New() // one process; redisstore.New(rdb) for every instance of a service
+	defer store.Close()
+	m, err := idem.New(store) // POST and PATCH with an Idempotency-Key; responses kept 24 h
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	charges := 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%d}`, charges)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	post(srv.URL+"/charges", "charge-7", `{"amount":100}`) // runs the handler
+	post(srv.URL+"/charges", "charge-7", `{"amount":100}`) // a retry: replayed
+	post(srv.URL+"/charges", "charge-7", `{"amount":500}`) // same key, other request: 422
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201 replayed="" {"charge":1}
+	// 201 replayed="true" {"charge":1}
+	// 422 replayed="" application/problem+json
+	// charges: 1
+}
+
+func ExampleFromContext() {
+	store := memstore.New()
+	defer store.Close()
+	m, err := idem.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, ok := idem.FromContext(r.Context())
+		// info.Owner is a fencing token: write it with the business change,
+		// in the same transaction, to reject a stale execution's write.
+		fmt.Printf("ok=%v key=%q protected=%v owner-length=%d\n", ok, info.Key, info.Protected, len(info.Owner))
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	post(srv.URL, `"order-1"`, "") // an RFC 8941 string: the key is order-1
+	// Output:
+	// ok=true key="order-1" protected=true owner-length=32
+	// 200 replayed=""
+}
+
+func ExampleWithObserver() {
+	store := memstore.New()
+	defer store.Close()
+	m, err := idem.New(store, idem.WithObserver(func(e idem.Event) {
+		// Feed a metric, a trace or a log: the event never holds the key
+		// or credentials.
+		fmt.Printf("event: %s %s %s %d\n", e.Method, e.Route, e.Outcome, e.Status)
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders/{id}/pay", nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	post(srv.URL+"/orders/1/pay", "k", "")
+	post(srv.URL+"/orders/1/pay", "k", "")
+	post(srv.URL+"/orders/1/pay", "k", "changed")
+	// Output:
+	// event: POST POST /orders/{id}/pay executed 202
+	// 202 replayed=""
+	// event: POST POST /orders/{id}/pay replayed 202
+	// 202 replayed="true"
+	// event: POST POST /orders/{id}/pay mismatch 422
+	// 422 replayed="" application/problem+json
+}

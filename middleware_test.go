@@ -1,0 +1,341 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+)
+
+// fakeClock is a memstore clock that moves only when told.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// hookStore wraps a store; each hook, when set, replaces the call.
+type hookStore struct {
+	storage.Store
+	acquire  func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error)
+	complete func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error
+	extended chan time.Duration // gets each successful Extend's lease, if not nil
+}
+
+func (s *hookStore) Acquire(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	if s.acquire != nil {
+		return s.acquire(ctx, key, owner, fp, lease)
+	}
+	return s.Store.Acquire(ctx, key, owner, fp, lease)
+}
+
+func (s *hookStore) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
+	if s.complete != nil {
+		return s.complete(ctx, key, owner, rec, ttl)
+	}
+	return s.Store.Complete(ctx, key, owner, rec, ttl)
+}
+
+func (s *hookStore) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
+	err := s.Store.Extend(ctx, key, owner, lease)
+	if err == nil && s.extended != nil {
+		s.extended <- lease
+	}
+	return err
+}
+
+// newMemStore returns a memory store on a fake clock, closed at the end of
+// the test.
+func newMemStore(t *testing.T) (*memstore.Store, *fakeClock) {
+	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	s := memstore.New(memstore.WithClock(clk.Now))
+	t.Cleanup(func() { s.Close() })
+	return s, clk
+}
+
+// serve sends a POST with key and body through h and returns the recorder.
+func serve(h http.Handler, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// TestHeartbeatKeepsLease runs a handler for four times its lease on the
+// store's clock: the renewals every lease/3 keep the key locked, so a
+// duplicate still gets 409 instead of running the handler a second time.
+func TestHeartbeatKeepsLease(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	mem, clk := newMemStore(t)
+	store := &hookStore{Store: mem, extended: make(chan time.Duration, 16)}
+	m, err := idem.New(store, idem.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-proceed
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- serve(h, "k", "") }()
+	<-entered
+	// After each renewal the store's clock moves half a lease: four
+	// renewals take it two leases past the first one's expiry.
+	for range 4 {
+		if got := <-store.extended; got != lease {
+			t.Fatalf("Extend with lease %v, want %v", got, lease)
+		}
+		clk.Advance(lease / 2)
+	}
+	dup := serve(h, "k", "")
+	if dup.Code != http.StatusConflict {
+		t.Fatalf("duplicate while the handler runs past its first lease: %d %s", dup.Code, dup.Body)
+	}
+	close(proceed)
+	if w := <-first; w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := serve(h, "k", ""); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after completion: %d %v", w.Code, w.Header())
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestCorruptRecordNotReexecuted: a stored record that cannot be decoded
+// gets 500 and is reported; the handler does not run again.
+func TestCorruptRecordNotReexecuted(t *testing.T) {
+	mem, _ := newMemStore(t)
+	var fp string
+	store := &hookStore{Store: mem}
+	store.acquire = func(ctx context.Context, key, owner, f string, lease time.Duration) (storage.Result, error) {
+		fp = f
+		return storage.Result{State: storage.Done, Fingerprint: f, Record: []byte{0x7f, 'x'}}, nil
+	}
+	var events []idem.Event
+	m, err := idem.New(store, idem.WithObserver(func(e idem.Event) { events = append(events, e) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	w := serve(h, "k", "{}")
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "ErrCorruptRecord") {
+		t.Fatalf("corrupt record: %d %s", w.Code, w.Body)
+	}
+	if ran || fp == "" {
+		t.Fatalf("handler ran %v, fingerprint %q", ran, fp)
+	}
+	if len(events) != 1 || events[0].Outcome != idem.StoreError || !errors.Is(events[0].Err, idem.ErrCorruptRecord) {
+		t.Fatalf("events %+v", events)
+	}
+}
+
+// TestCompleteFailureReported: when the store fails after the handler, the
+// client still gets the handler's response and the observer is told.
+func TestCompleteFailureReported(t *testing.T) {
+	mem, _ := newMemStore(t)
+	down := errors.New("store went away")
+	store := &hookStore{Store: mem, complete: func(context.Context, string, string, []byte, time.Duration) error { return down }}
+	var got idem.Event
+	m, err := idem.New(store, idem.WithObserver(func(e idem.Event) { got = e }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	if w := serve(h, "k", ""); w.Code != http.StatusCreated || w.Body.String() != "made" {
+		t.Fatalf("client got %d %q", w.Code, w.Body)
+	}
+	if got.Outcome != idem.StoreError || !errors.Is(got.Err, down) || got.Status != http.StatusCreated {
+		t.Fatalf("event %+v", got)
+	}
+}
+
+// TestWaitGivesUp: with WithWait, a duplicate waits for the first request;
+// when the wait ends first, it gets the usual 409.
+func TestWaitGivesUp(t *testing.T) {
+	mem, _ := newMemStore(t)
+	m, err := idem.New(mem, idem.WithWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-proceed
+	}))
+	done := make(chan struct{})
+	go func() { defer close(done); serve(h, "k", "") }()
+	<-entered
+	w := serve(h, "k", "")
+	close(proceed)
+	<-done
+	if w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("duplicate after its wait: %d %v", w.Code, w.Header())
+	}
+}
+
+// TestRetryAfterFromLease: the 409's Retry-After is the lease left, in
+// whole seconds rounded up.
+func TestRetryAfterFromLease(t *testing.T) {
+	mem, _ := newMemStore(t)
+	for _, tc := range []struct {
+		left time.Duration
+		want string
+	}{{time.Millisecond, "1"}, {time.Second, "1"}, {1001 * time.Millisecond, "2"}, {29500 * time.Millisecond, "30"}} {
+		store := &hookStore{Store: mem, acquire: func(_ context.Context, _, _, fp string, _ time.Duration) (storage.Result, error) {
+			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: tc.left}, nil
+		}}
+		m, err := idem.New(store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := serve(nethttp.Middleware(m)(http.NotFoundHandler()), "k", "")
+		if w.Code != http.StatusConflict || w.Header().Get("Retry-After") != tc.want {
+			t.Errorf("lease left %v: %d Retry-After %q, want %s", tc.left, w.Code, w.Header().Get("Retry-After"), tc.want)
+		}
+	}
+}
+
+// TestOptionsChangeBehaviour checks each option that is not covered by the
+// conformance suite against what a client sees.
+func TestOptionsChangeBehaviour(t *testing.T) {
+	type step struct {
+		method, key, body string
+		header            http.Header
+		status            int
+		replayed          bool
+	}
+	cases := []struct {
+		name    string
+		opts    []idem.Option
+		handler http.HandlerFunc
+		steps   []step
+		runs    int32
+	}{
+		{
+			name:  "WithHeader",
+			opts:  []idem.Option{idem.WithHeader("X-Request-Key")},
+			steps: []step{{header: http.Header{"X-Request-Key": {"a"}}, status: 201}, {header: http.Header{"X-Request-Key": {"a"}}, status: 201, replayed: true}, {key: "a", status: 201}},
+			runs:  2,
+		},
+		{
+			name:  "WithMethods",
+			opts:  []idem.Option{idem.WithMethods("PUT")},
+			steps: []step{{method: "PUT", key: "a", status: 201}, {method: "PUT", key: "a", status: 201, replayed: true}, {method: "POST", key: "a", status: 201}, {method: "POST", key: "a", status: 201}},
+			runs:  3,
+		},
+		{
+			name:  "WithoutFingerprint",
+			opts:  []idem.Option{idem.WithoutFingerprint()},
+			steps: []step{{key: "a", body: "one", status: 201}, {key: "a", body: "two", status: 201, replayed: true}},
+			runs:  1,
+		},
+		{
+			name: "WithFingerprint",
+			opts: []idem.Option{idem.WithFingerprint(func(r *http.Request, body []byte) string { return strings.ToLower(string(body)) })},
+			steps: []step{{key: "a", body: "One", status: 201}, {key: "a", body: "ONE", status: 201, replayed: true},
+				{key: "a", body: "two", status: 422}},
+			runs: 1,
+		},
+		{
+			name:    "WithCacheable",
+			opts:    []idem.Option{idem.WithCacheable(func(status int) bool { return status == 201 })},
+			handler: func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusAccepted) },
+			steps:   []step{{key: "a", status: 202}, {key: "a", status: 202}},
+			runs:    2,
+		},
+		{
+			name: "WithScope",
+			opts: []idem.Option{idem.WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") })},
+			steps: []step{{key: "a", header: http.Header{"X-Tenant": {"t1"}}, status: 201},
+				{key: "a", header: http.Header{"X-Tenant": {"t2"}}, status: 201},
+				{key: "a", header: http.Header{"X-Tenant": {"t1"}, "Authorization": {"other"}}, status: 201, replayed: true}},
+			runs: 2,
+		},
+		{
+			name: "WithErrorWriter",
+			opts: []idem.Option{idem.WithErrorWriter(func(w http.ResponseWriter, r *http.Request, e *idem.Error) {
+				w.Header().Set("X-Error", e.Kind.Error())
+				w.WriteHeader(e.Status)
+			})},
+			steps: []step{{key: "\x01", status: 400, header: http.Header{}}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, _ := newMemStore(t)
+			m, err := idem.New(mem, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var runs atomic.Int32
+			h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				if tc.handler != nil {
+					tc.handler(w, r)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			for i, s := range tc.steps {
+				if s.method == "" {
+					s.method = http.MethodPost
+				}
+				r := httptest.NewRequest(s.method, "/orders", strings.NewReader(s.body))
+				for k, v := range s.header {
+					r.Header[k] = v
+				}
+				if s.key != "" {
+					r.Header["Idempotency-Key"] = []string{s.key}
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				if w.Code != s.status || (w.Header().Get("Idempotent-Replayed") == "true") != s.replayed {
+					t.Fatalf("step %d: %d replayed=%q, want %d replayed=%v (%s)", i, w.Code, w.Header().Get("Idempotent-Replayed"), s.status, s.replayed, w.Body)
+				}
+				if tc.name == "WithErrorWriter" && (w.Header().Get("X-Error") != idem.ErrInvalidKey.Error() || w.Body.Len() != 0) {
+					t.Fatalf("custom error writer not used: %v %q", w.Header(), w.Body)
+				}
+			}
+			if n := runs.Load(); n != tc.runs {
+				t.Fatalf("handler ran %d times, want %d", n, tc.runs)
+			}
+		})
+	}
+}
