@@ -44,8 +44,8 @@ type Route struct {
 // storeKind makes a fresh store for one test.
 type storeKind struct {
 	name string
-	// open returns the store and, when the store's clock can be moved, a
-	// function that moves it forward.
+	// open returns the store and a function that moves its clock forward
+	// (on a real Redis: the TTLs of the store's own keys).
 	open func(t *testing.T) (storage.Store, func(time.Duration))
 }
 
@@ -65,9 +65,62 @@ var storeKinds = []storeKind{
 	{"redis", func(t *testing.T) (storage.Store, func(time.Duration)) {
 		rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
 		t.Cleanup(func() { rdb.Close() })
-		return redisstore.New(rdb, redisstore.WithPrefix("conf:"+randomHex(8)+":")), nil
+		prefix := "conf:" + randomHex(8) + ":"
+		return redisstore.New(rdb, redisstore.WithPrefix(prefix)), redisAdvance(t, rdb, prefix)
+	}},
+	// Every scenario runs on the cluster too: once the cluster is up (about
+	// 3 s, once per test binary) a scenario costs what it costs on "redis".
+	{"cluster", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+		t.Cleanup(func() { rdb.Close() })
+		prefix := "conf:" + randomHex(8) + ":"
+		return redisstore.New(rdb, redisstore.WithPrefix(prefix)), redisAdvance(t, rdb, prefix)
 	}},
 }
+
+// redisAdvance returns a function that moves time forward by d for the
+// keys under prefix on a real Redis, whose clock cannot be moved: each
+// key's PTTL is cut by d (the key is deleted when nothing is left). On a
+// cluster it scans every master. It is called on the test's goroutine,
+// while the scenario holds still.
+func redisAdvance(t *testing.T, rdb redis.UniversalClient, prefix string) func(time.Duration) {
+	return func(d time.Duration) {
+		t.Helper()
+		ctx := t.Context()
+		shift := func(ctx context.Context, node redis.UniversalClient) error {
+			iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
+			for iter.Next(ctx) {
+				if err := shiftScript.Run(ctx, node, []string{iter.Val()}, d.Milliseconds()).Err(); err != nil {
+					return err
+				}
+			}
+			return iter.Err()
+		}
+		var err error
+		if c, ok := rdb.(*redis.ClusterClient); ok {
+			err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return shift(ctx, node) })
+		} else {
+			err = shift(ctx, rdb)
+		}
+		if err != nil {
+			t.Fatalf("advancing Redis keys %s* by %v: %v", prefix, d, err)
+		}
+	}
+}
+
+// shiftScript cuts KEYS[1]'s TTL by ARGV[1] ms, deleting it when nothing is
+// left; a key without TTL is left alone.
+var shiftScript = redis.NewScript(`
+local left = redis.call('PTTL', KEYS[1])
+if left < 0 then return 0 end
+left = left - tonumber(ARGV[1])
+if left <= 0 then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], left)
+end
+return 1
+`)
 
 type clock struct {
 	mu  sync.Mutex

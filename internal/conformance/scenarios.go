@@ -430,9 +430,6 @@ var scenarios = []scenario{
 		}
 	}},
 	{"LeaseLost", func(t *testing.T, s *suite) {
-		if s.sk.name == "redis" {
-			t.Skip("a real redis-server's clock cannot be moved; the memory and miniredis runs cover this")
-		}
 		var c counter
 		g := newGate()
 		defer g.release()

@@ -22,8 +22,9 @@ import (
 )
 
 // Run runs every scenario for adapter a on every store: the memory store,
-// the Redis store on miniredis, and on a real redis-server (skipped when
-// none is available, unless IDEM_REQUIRE_REDIS=1).
+// the Redis store on miniredis, on a real redis-server and on a real
+// three-master Redis Cluster (the last two skipped when redis-server is
+// not available, unless IDEM_REQUIRE_REDIS=1).
 func Run(t *testing.T, a Adapter) {
 	for _, sk := range storeKinds {
 		t.Run(sk.name, func(t *testing.T) {
@@ -49,7 +50,7 @@ type env struct {
 	srv     *httptest.Server
 	spy     *spy
 	ev      *events
-	advance func(time.Duration) // nil when the store's clock cannot move
+	advance func(time.Duration) // moves the store's clock forward
 }
 
 func (s *suite) env(routes []Route, opts ...idem.Option) *env {
