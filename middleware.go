@@ -131,7 +131,7 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *
 		buf = make([]byte, 0, 512)
 	}
 	// MaxBytesReader needs the server's own writer to close the connection.
-	rd := http.MaxBytesReader(innermost(w), r.Body, max)
+	rd := http.MaxBytesReader(response.Innermost(w), r.Body, max)
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
@@ -148,17 +148,6 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *
 			}
 			return nil, newError(ErrBodyRead, "The request body could not be read.", 0, err)
 		}
-	}
-}
-
-// innermost unwraps a chain of writers that have Unwrap.
-func innermost(w http.ResponseWriter) http.ResponseWriter {
-	for {
-		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
-		if !ok {
-			return w
-		}
-		w = u.Unwrap()
 	}
 }
 

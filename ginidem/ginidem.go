@@ -133,7 +133,7 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, errHijackAfterBody
 	}
 	w.size = max(w.size, 0)
-	if _, ok := innermost(w.cw).(http.Hijacker); !ok {
+	if _, ok := response.Innermost(w.cw).(http.Hijacker); !ok {
 		return nil, nil, fmt.Errorf("ginidem: hijack: %w", http.ErrNotSupported)
 	}
 	return w.cw.Hijack()
@@ -143,29 +143,16 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // (never ready) when the underlying writer has none, as with an
 // httptest.ResponseRecorder, where Gin's own writer would panic.
 func (w *writer) CloseNotify() <-chan bool {
-	if cn, ok := innermost(w.cw).(http.CloseNotifier); ok {
+	if cn, ok := response.Innermost(w.cw).(http.CloseNotifier); ok {
 		return cn.CloseNotify()
 	}
 	return nil
 }
 
 func (w *writer) Pusher() http.Pusher {
-	p, _ := innermost(w.cw).(http.Pusher)
+	p, _ := response.Innermost(w.cw).(http.Pusher)
 	return p
 }
 
 // Unwrap returns the capture, for http.ResponseController.
 func (w *writer) Unwrap() http.ResponseWriter { return w.cw }
-
-// innermost follows Unwrap down to the server's own writer. Gin's writer
-// claims CloseNotify but panics when the writer it wraps lacks it, so only
-// the innermost writer is asked.
-func innermost(w http.ResponseWriter) http.ResponseWriter {
-	for {
-		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
-		if !ok {
-			return w
-		}
-		w = u.Unwrap()
-	}
-}
