@@ -7,34 +7,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 )
-
-// fakeClock is a memstore clock that moves only when told.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // hookStore wraps a store; each hook, when set, replaces the call.
 type hookStore struct {
@@ -68,8 +50,8 @@ func (s *hookStore) Extend(ctx context.Context, key, owner string, lease time.Du
 
 // newMemStore returns a memory store on a fake clock, closed at the end of
 // the test.
-func newMemStore(t *testing.T) (*memstore.Store, *fakeClock) {
-	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+func newMemStore(t *testing.T) (*memstore.Store, *testclock.Clock) {
+	clk := testclock.New(time.Unix(1_700_000_000, 0))
 	s := memstore.New(memstore.WithClock(clk.Now))
 	t.Cleanup(func() { s.Close() })
 	return s, clk

@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/storagetest"
 	"go.uber.org/goleak"
@@ -17,25 +18,8 @@ import (
 // goleak fails the package if a janitor outlives its Close.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func newStore(t *testing.T, opts ...Option) (*Store, *clock) {
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+func newStore(t *testing.T, opts ...Option) (*Store, *testclock.Clock) {
+	clk := testclock.New(time.Unix(1_700_000_000, 0))
 	s := New(append([]Option{WithClock(clk.Now)}, opts...)...)
 	t.Cleanup(func() { s.Close() })
 	return s, clk
