@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/internal/conformance"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -26,7 +27,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(redistest.Wrap(m)) // stops the redis-servers the conformance suite started
 }
 
 // echoPattern translates net/http's "/items/{id}" and "/files/{rest...}".

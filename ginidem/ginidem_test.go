@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/conformance"
+	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -26,8 +27,8 @@ import (
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	gin.DefaultErrorWriter = io.Discard // gin.Recovery's panic reports
-	goleak.VerifyTestMain(m)
+	gin.DefaultErrorWriter = io.Discard      // gin.Recovery's panic reports
+	goleak.VerifyTestMain(redistest.Wrap(m)) // stops the redis-servers the conformance suite started
 }
 
 // ginPattern translates net/http's "/items/{id}" and "/files/{rest...}".
