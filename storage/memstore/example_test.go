@@ -2,10 +2,12 @@ package memstore_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 )
 
@@ -37,4 +39,38 @@ func Example() {
 	// duplicate: in flight 30s
 	// retry: done "encoded response"
 	// after the TTL: acquired
+}
+
+// A queue consumer deduplicates redelivered messages with any
+// storage.Store (a redisstore.Store when several consumers share the
+// queue): the message id is the key, the lease covers the processing, and
+// the stored record marks the message as handled.
+func Example_queueConsumer() {
+	s := memstore.New()
+	defer s.Close()
+	ctx := context.Background()
+
+	handle := func(msgID, body string) {
+		owner := rand.Text() // a new token for each attempt
+		res, err := s.Acquire(ctx, "msg:"+msgID, owner, "", time.Minute)
+		switch {
+		case err != nil:
+			fmt.Println(msgID, "store down: nack, redeliver later")
+		case res.State == storage.Done:
+			fmt.Println(msgID, "duplicate: ack without processing")
+		case res.State == storage.InFlight:
+			fmt.Println(msgID, "being processed elsewhere: nack")
+		default:
+			fmt.Println(msgID, "processing", body)
+			// On failure: s.Release(ctx, "msg:"+msgID, owner), then nack.
+			_ = s.Complete(ctx, "msg:"+msgID, owner, []byte("ok"), 24*time.Hour)
+		}
+	}
+	handle("m-1", "charge 100")
+	handle("m-1", "charge 100") // redelivered
+	handle("m-2", "charge 50")
+	// Output:
+	// m-1 processing charge 100
+	// m-1 duplicate: ack without processing
+	// m-2 processing charge 50
 }
