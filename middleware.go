@@ -273,14 +273,21 @@ func (x *exchange) execute(next func(http.ResponseWriter, *http.Request), skey, 
 		if finished {
 			return
 		}
+		// The handler panicked, or called runtime.Goexit (recover then
+		// returns nil and the goroutine goes on unwinding). Either way it
+		// did not complete: release the key so a retry runs again.
 		p := recover()
 		hb.stop()
 		err := m.finishCtx(x.r, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
-		if err == nil {
+		if err == nil && p != nil {
 			err = fmt.Errorf("idem: handler panicked: %v", p)
+		} else if err == nil {
+			err = errors.New("idem: handler exited with runtime.Goexit")
 		}
 		x.emit(Released, cw.Status(), err)
-		panic(p)
+		if p != nil {
+			panic(p)
+		}
 	}()
 	next(cw, r)
 	finished = true

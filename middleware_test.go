@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -319,5 +320,39 @@ func TestOptionsChangeBehaviour(t *testing.T) {
 				t.Fatalf("handler ran %d times, want %d", n, tc.runs)
 			}
 		})
+	}
+}
+
+// TestGoexitReleases: a handler that leaves through runtime.Goexit (as
+// t.FailNow does) did not complete: its key is released, and the
+// middleware does not turn the Goexit into a panic.
+func TestGoexitReleases(t *testing.T) {
+	mem, _ := newMemStore(t)
+	var got idem.Event
+	m, err := idem.New(mem, idem.WithObserver(func(e idem.Event) { got = e }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			runtime.Goexit()
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(h, "k", "")
+	}()
+	<-done
+	if got.Outcome != idem.Released || got.Err == nil {
+		t.Fatalf("event after Goexit: %+v", got)
+	}
+	if w := serve(h, "k", ""); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after Goexit: %d %v", w.Code, w.Header())
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
 	}
 }
