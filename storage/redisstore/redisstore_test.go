@@ -40,7 +40,7 @@ var backends = []backend{
 
 // client returns a client that fails at once, without retries, so that
 // tests of failures are quick.
-func client(t *testing.T, addr string) *redis.Client {
+func client(t testing.TB, addr string) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
