@@ -1,6 +1,10 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // Info is what the middleware tells the handler about the request it runs.
 type Info struct {
@@ -42,3 +46,98 @@ func FromContext(ctx context.Context) (info Info, ok bool) {
 	}
 	return *p, true
 }
+
+// finishCtx is the context of the store call that ends an execution: like
+// context.WithTimeout(context.WithoutCancel(parent), lease), it keeps the
+// request's values but not its cancellation (the client's disconnect must
+// not stop the finish) and expires after the lease. Unlike it, it makes no
+// channel, timer or wrapper until a store asks for Done, Err or a Value,
+// which the memory store never does.
+type finishCtx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu     sync.Mutex
+	values context.Context // context.WithoutCancel(parent), made on first use
+	done   chan struct{}
+	timer  *time.Timer
+	err    error
+}
+
+// start readies c for one store call, expiring after d.
+func (c *finishCtx) start(parent context.Context, d time.Duration) {
+	c.parent, c.deadline = parent, time.Now().Add(d)
+}
+
+// stop cancels c once the store call has returned, as the cancel function
+// of context.WithTimeout does: Done is closed and Err is context.Canceled
+// unless it had expired.
+func (c *finishCtx) stop() {
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.endLocked(context.Canceled)
+	c.mu.Unlock()
+}
+
+func (c *finishCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *finishCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		if c.err != nil {
+			return closedChan
+		}
+		c.done = make(chan struct{})
+		if d := time.Until(c.deadline); d <= 0 {
+			c.expireLocked()
+		} else {
+			c.timer = time.AfterFunc(d, c.expire)
+		}
+	}
+	return c.done
+}
+
+func (c *finishCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil && !time.Now().Before(c.deadline) {
+		c.expireLocked()
+	}
+	return c.err
+}
+
+func (c *finishCtx) Value(key any) any {
+	c.mu.Lock()
+	if c.values == nil {
+		c.values = context.WithoutCancel(c.parent)
+	}
+	v := c.values
+	c.mu.Unlock()
+	return v.Value(key)
+}
+
+func (c *finishCtx) expire() {
+	c.mu.Lock()
+	c.expireLocked()
+	c.mu.Unlock()
+}
+
+func (c *finishCtx) expireLocked() { c.endLocked(context.DeadlineExceeded) }
+
+// endLocked ends c with err, closing Done, unless it has ended already.
+func (c *finishCtx) endLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	if c.done != nil {
+		close(c.done)
+	}
+}
+
+// closedChan is the Done channel of a finishCtx that ended before anyone
+// asked for it.
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"hash"
 	"net/http"
+	"sync"
 )
 
 // MaxKeyLen is the longest idempotency key accepted, in bytes after
@@ -108,23 +109,70 @@ func headerKey(h http.Header, name string) (key string, ok bool, err error) {
 	return "", true, errKeyMultiple
 }
 
-// hashFields writes each field length-prefixed, so that no two different
-// field lists hash alike.
-func hashFields(h hash.Hash, fields ...string) {
-	var n [binary.MaxVarintLen64]byte
+// appendFields appends each field length-prefixed, so that no two
+// different field lists give the same bytes.
+func appendFields(b []byte, fields ...string) []byte {
 	for _, f := range fields {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f)))])
-		h.Write([]byte(f))
+		b = binary.AppendUvarint(b, uint64(len(f)))
+		b = append(b, f...)
 	}
+	return b
 }
 
-// storageKey names the record of one key: a hash of the scope, method,
-// route and client key, so a client can never reach another scope's
-// record, inject characters into a store key or choose a cluster slot.
-// It is 22 characters of unpadded base64url (128 bits of SHA-256).
+// Lengths of the identifiers of one protected request.
+const (
+	storageKeyLen  = 22 // base64url of 128 bits
+	ownerLen       = 32 // hex of 128 random bits
+	fingerprintLen = 16 // 128 bits of SHA-256
+)
+
+// hasher is a SHA-256 state with scratch space. Hashers are reused through
+// hasherPool, so that hashing allocates nothing.
+type hasher struct {
+	h   hash.Hash
+	buf []byte // the fields to hash
+	sum []byte
+}
+
+var hasherPool = sync.Pool{New: func() any {
+	return &hasher{h: sha256.New(), buf: make([]byte, 0, 256), sum: make([]byte, 0, sha256.Size)}
+}}
+
+func getHasher() *hasher { return hasherPool.Get().(*hasher) }
+
+func putHasher(h *hasher) {
+	if cap(h.buf) > 4<<10 {
+		h.buf = make([]byte, 0, 256)
+	}
+	hasherPool.Put(h)
+}
+
+// sum128 hashes h.buf, then extra, and returns the first 128 bits of the
+// digest, valid until the next use of h.
+func (h *hasher) sum128(extra []byte) []byte {
+	h.h.Reset()
+	h.h.Write(h.buf)
+	if len(extra) > 0 {
+		h.h.Write(extra)
+	}
+	h.sum = h.h.Sum(h.sum[:0])
+	return h.sum[:16]
+}
+
+// appendStorageKey appends the name of the record of one key: a hash of
+// the scope, method, route and client key, so a client can never reach
+// another scope's record, inject characters into a store key or choose a
+// cluster slot. It is storageKeyLen characters of unpadded base64url (128
+// bits of SHA-256).
+func (h *hasher) appendStorageKey(b []byte, scope, method, route, key string) []byte {
+	h.buf = appendFields(h.buf[:0], "idem/v1", scope, method, route, key)
+	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
+}
+
+// storageKey is appendStorageKey as a string.
 func storageKey(scope, method, route, key string) string {
-	h := sha256.New()
-	hashFields(h, "idem/v1", scope, method, route, key)
-	var sum [sha256.Size]byte
-	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:16])
+	h := getHasher()
+	defer putHasher(h)
+	var b [storageKeyLen]byte
+	return string(h.appendStorageKey(b[:0], scope, method, route, key))
 }

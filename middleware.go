@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ type Middleware struct {
 	store storage.Store
 	cfg   config
 	omit  func(name string) bool
+	beats beats
 }
 
 // New returns a Middleware that keeps its records in store. Without
@@ -51,6 +51,7 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 	}
 	omit := m.cfg.omit
 	m.omit = func(name string) bool { return omit[name] }
+	m.beats.init(m)
 	return m, nil
 }
 
@@ -151,28 +152,40 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *
 	}
 }
 
-// fingerprint identifies the request: by default a hash of the method,
-// path, query, Content-Type and body; 16 bytes.
-func (m *Middleware) fingerprint(r *http.Request, body []byte) string {
+// appendFingerprint appends what identifies the request: by default a
+// hash of the method, path, query, Content-Type and body; fingerprintLen
+// bytes, or none WithoutFingerprint.
+func (m *Middleware) appendFingerprint(b []byte, h *hasher, r *http.Request, body []byte) []byte {
 	if m.cfg.noFP {
-		return ""
+		return b
 	}
-	h := sha256.New()
 	if m.cfg.fingerprint != nil {
-		hashFields(h, "custom", m.cfg.fingerprint(r, body))
-	} else {
-		hashFields(h, "default", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
-		h.Write(body)
+		h.buf = appendFields(h.buf[:0], "custom", m.cfg.fingerprint(r, body))
+		return append(b, h.sum128(nil)...)
 	}
-	var sum [sha256.Size]byte
-	return string(h.Sum(sum[:0])[:16])
+	h.buf = appendFields(h.buf[:0], "default", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
+	return append(b, h.sum128(body)...)
 }
 
-// newOwner returns a random lease owner token: 32 hex digits.
-func newOwner() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// appendOwner appends a random lease owner token: ownerLen hex digits.
+func appendOwner(b []byte) []byte {
+	var r [ownerLen / 2]byte
+	rand.Read(r[:])
+	return hex.AppendEncode(b, r[:])
+}
+
+// ids returns the storage key, a new owner token and the fingerprint of
+// the request, all three in one allocation.
+func (x *exchange) ids() (skey, owner, fp string) {
+	m := x.m
+	h := getHasher()
+	var a [storageKeyLen + ownerLen + fingerprintLen]byte
+	b := h.appendStorageKey(a[:0], m.cfg.scope(x.r), x.r.Method, x.route, x.key)
+	b = appendOwner(b)
+	b = m.appendFingerprint(b, h, x.r, x.body)
+	putHasher(h)
+	all := string(b)
+	return all[:storageKeyLen], all[storageKeyLen : storageKeyLen+ownerLen], all[storageKeyLen+ownerLen:]
 }
 
 // exchange is the state of one protected request.
@@ -188,9 +201,7 @@ type exchange struct {
 
 func (x *exchange) run(next func(http.ResponseWriter, *http.Request)) {
 	m := x.m
-	fp := m.fingerprint(x.r, x.body)
-	skey := storageKey(m.cfg.scope(x.r), x.r.Method, x.route, x.key)
-	owner := newOwner()
+	skey, owner, fp := x.ids()
 	ctx := x.r.Context()
 
 	res, err := m.store.Acquire(ctx, skey, owner, fp, m.cfg.lease)
@@ -200,7 +211,7 @@ func (x *exchange) run(next func(http.ResponseWriter, *http.Request)) {
 	if err != nil {
 		if m.cfg.failOpen {
 			x.emit(FailedOpen, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
-			next(x.w, x.request(Info{Key: x.key}))
+			next(x.w, x.request(new(handlerState), Info{Key: x.key}))
 			return
 		}
 		x.refuse(StoreError, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err))
@@ -247,27 +258,43 @@ func (x *exchange) wait(ctx context.Context, res storage.Result, skey, owner, fp
 	return res, nil
 }
 
+// handlerState is what a request the handler runs needs on the heap, in
+// one allocation: the context that carries its Info, its body, the context
+// of the store call that ends it, and its place in the heartbeat queue. It
+// is never reused: a handler may keep its request's context.
+type handlerState struct {
+	ctx  infoCtx
+	body bodyReader
+	fin  finishCtx
+	beat beat
+}
+
 // request returns the request the handler sees: the buffered body and the
-// Info in its context.
-func (x *exchange) request(info Info) *http.Request {
-	r := x.r.WithContext(&infoCtx{Context: x.r.Context(), info: info})
+// Info in its context, both held in st.
+func (x *exchange) request(st *handlerState, info Info) *http.Request {
+	st.ctx = infoCtx{Context: x.r.Context(), info: info}
+	r := x.r.WithContext(&st.ctx)
 	if x.body != nil {
-		r.Body = &bodyReader{Reader: bytes.NewReader(x.body)}
+		st.body.Reset(x.body)
+		r.Body = &st.body
 		r.ContentLength = int64(len(x.body))
 	}
 	return r
 }
 
-type bodyReader struct{ *bytes.Reader }
+type bodyReader struct{ bytes.Reader }
 
 func (*bodyReader) Close() error { return nil }
 
 // execute runs the handler under the lease, then stores or releases.
 func (x *exchange) execute(next func(http.ResponseWriter, *http.Request), skey, owner string) {
 	m := x.m
-	cw := response.NewCapture(x.w, m.cfg.maxResp, m.omit)
-	r := x.request(Info{Key: x.key, Owner: owner, Protected: true})
-	hb := m.heartbeat(skey, owner)
+	st := new(handlerState)
+	cw := capturePool.Get().(*response.Capture)
+	cw.Reset(x.w, m.cfg.maxResp, m.omit)
+	r := x.request(st, Info{Key: x.key, Owner: owner, Protected: true})
+	hb := &st.beat
+	m.beats.start(hb, skey, owner)
 	finished := false
 	defer func() {
 		if finished {
@@ -277,8 +304,10 @@ func (x *exchange) execute(next func(http.ResponseWriter, *http.Request), skey, 
 		// returns nil and the goroutine goes on unwinding). Either way it
 		// did not complete: release the key so a retry runs again.
 		p := recover()
-		hb.stop()
-		err := m.finishCtx(x.r, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
+		m.beats.stop(hb)
+		st.fin.start(x.r.Context(), m.cfg.lease)
+		err := m.store.Release(&st.fin, skey, owner)
+		st.fin.stop()
 		if err == nil && p != nil {
 			err = fmt.Errorf("idem: handler panicked: %v", p)
 		} else if err == nil {
@@ -291,13 +320,23 @@ func (x *exchange) execute(next func(http.ResponseWriter, *http.Request), skey, 
 	}()
 	next(cw, r)
 	finished = true
-	hb.stop()
+	m.beats.stop(hb)
 	cw.Finish()
-	x.finish(cw, skey, owner)
+	st.fin.start(x.r.Context(), m.cfg.lease)
+	x.finish(&st.fin, cw, skey, owner)
+	st.fin.stop()
+	cw.Reset(nil, 0, nil)
+	capturePool.Put(cw)
 }
 
+// capturePool holds the Captures of finished executions: their header
+// snapshot and body buffer are reused.
+var capturePool = sync.Pool{New: func() any { return new(response.Capture) }}
+
 // finish stores the captured response, or releases the key.
-func (x *exchange) finish(cw *response.Capture, skey, owner string) {
+// ctx is the finish context, which the client's disconnect does not
+// cancel and the lease bounds.
+func (x *exchange) finish(ctx context.Context, cw *response.Capture, skey, owner string) {
 	m := x.m
 	rec, ok := cw.Record()
 	status := cw.Status()
@@ -306,7 +345,7 @@ func (x *exchange) finish(cw *response.Capture, skey, owner string) {
 	switch {
 	case !cw.Hijacked() && !m.cfg.cacheable(status):
 		outcome = Released
-		err = m.finishCtx(x.r, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
+		err = m.store.Release(ctx, skey, owner)
 	default:
 		outcome = Executed
 		if !ok {
@@ -318,7 +357,7 @@ func (x *exchange) finish(cw *response.Capture, skey, owner string) {
 		if encErr != nil {
 			err = encErr
 		} else {
-			err = m.finishCtx(x.r, func(ctx context.Context) error { return m.store.Complete(ctx, skey, owner, b, m.cfg.ttl) })
+			err = m.store.Complete(ctx, skey, owner, b, m.cfg.ttl)
 		}
 		*buf = b
 		putBuf(buf)
@@ -330,14 +369,6 @@ func (x *exchange) finish(cw *response.Capture, skey, owner string) {
 		outcome = StoreError
 	}
 	x.emit(outcome, status, err)
-}
-
-// finishCtx runs a store call on a context that the client's disconnect
-// does not cancel, bounded by the lease.
-func (m *Middleware) finishCtx(r *http.Request, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.lease)
-	defer cancel()
-	return f(ctx)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
@@ -352,21 +383,19 @@ func putBuf(b *[]byte) {
 
 // replay answers with a stored record.
 func (x *exchange) replay(data []byte) {
-	var rec response.Record
-	if err := rec.UnmarshalBinary(data); err != nil {
+	status, err := response.ReplayBinary(x.w, data)
+	switch {
+	case status == 0 && errors.Is(err, response.ErrCorrupt):
 		x.refuse(StoreError, newError(ErrCorruptRecord, "The stored response for this idempotency key cannot be read.", 0, err))
-		return
-	}
-	if rec.NotReplayable {
+	case err == response.ErrNotReplayable:
 		detail := "The original request completed, but its response was not stored and cannot be replayed."
-		if rec.Status != 0 {
-			detail = fmt.Sprintf("The original request completed with status %d, but its response was not stored and cannot be replayed.", rec.Status)
+		if status != 0 {
+			detail = fmt.Sprintf("The original request completed with status %d, but its response was not stored and cannot be replayed.", status)
 		}
 		x.refuse(Conflict, newError(ErrNotReplayable, detail, 0, nil))
-		return
+	default:
+		x.emit(Replayed, status, nil)
 	}
-	response.Replay(x.w, &rec)
-	x.emit(Replayed, rec.Status, nil)
 }
 
 // refuse writes e to the client and tells the observer.
@@ -383,40 +412,116 @@ func (x *exchange) emit(o Outcome, status int, err error) {
 	obs(Event{Outcome: o, Method: x.r.Method, Route: x.route, Status: status, Duration: time.Since(x.start), Err: err})
 }
 
-// beat renews a lease every lease/3 while its handler runs.
+// beats renews the leases of the handlers that run for longer than
+// lease/3, every lease/3, with one timer for the whole Middleware: a
+// handler that finishes sooner costs no timer, goroutine or allocation.
+// The queue is in order of due time, since every entry is due the same
+// period after it was queued.
+type beats struct {
+	m     *Middleware
+	every time.Duration
+
+	mu         sync.Mutex
+	t          *time.Timer // armed while armed is true
+	armed      bool
+	head, tail *beat // waiting, soonest due first
+}
+
+// beat is one handler's place in the heartbeat queue.
 type beat struct {
-	mu      sync.Mutex
-	t       *time.Timer
-	stopped bool
+	skey, owner string
+	due         time.Time
+	prev, next  *beat
+	queued      bool
+	stopped     bool
+	renewing    sync.WaitGroup // a renewal in progress
 }
 
-func (m *Middleware) heartbeat(skey, owner string) *beat {
-	b := &beat{}
-	every := m.cfg.lease / 3
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.t = time.AfterFunc(every, func() {
-		// Holding mu through Extend makes stop wait for a renewal in
-		// progress, so no renewal happens after the handler finished.
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if b.stopped {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), every)
-		err := m.store.Extend(ctx, skey, owner, m.cfg.lease)
-		cancel()
-		if errors.Is(err, storage.ErrNotOwner) {
-			return // lost: the finish will see it and tell the observer
-		}
-		b.t.Reset(every)
-	})
-	return b
+func (s *beats) init(m *Middleware) {
+	s.m, s.every = m, m.cfg.lease/3
+	s.t = time.AfterFunc(time.Hour, s.fire)
+	s.t.Stop()
 }
 
-func (b *beat) stop() {
-	b.mu.Lock()
+// start queues b: its lease is renewed every lease/3 until stop.
+func (s *beats) start(b *beat, skey, owner string) {
+	b.skey, b.owner = skey, owner
+	s.mu.Lock()
+	s.push(b)
+	s.mu.Unlock()
+}
+
+// stop ends b's renewals and waits for one in progress, so that no renewal
+// happens after the handler finished.
+func (s *beats) stop(b *beat) {
+	s.mu.Lock()
 	b.stopped = true
-	b.t.Stop()
-	b.mu.Unlock()
+	if b.queued {
+		s.unlink(b)
+	}
+	s.mu.Unlock()
+	b.renewing.Wait()
+}
+
+// push queues b, due one period from now. s.mu is held.
+func (s *beats) push(b *beat) {
+	b.due = time.Now().Add(s.every)
+	b.prev, b.next, b.queued = s.tail, nil, true
+	if s.tail != nil {
+		s.tail.next = b
+	} else {
+		s.head = b
+	}
+	s.tail = b
+	if !s.armed {
+		s.armed = true
+		s.t.Reset(s.every)
+	}
+}
+
+// unlink takes b out of the queue. s.mu is held.
+func (s *beats) unlink(b *beat) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		s.head = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	} else {
+		s.tail = b.prev
+	}
+	b.prev, b.next, b.queued = nil, nil, false
+}
+
+// fire starts the renewals that are due and arms the timer for the next.
+func (s *beats) fire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for b := s.head; b != nil && !b.due.After(now); b = s.head {
+		s.unlink(b)
+		b.renewing.Add(1)
+		go s.renew(b)
+	}
+	if s.head == nil {
+		s.armed = false
+		return
+	}
+	s.t.Reset(s.head.due.Sub(now))
+}
+
+// renew extends b's lease once and queues it again, unless the handler
+// finished meanwhile or the lease was lost (the finish will see it and
+// tell the observer).
+func (s *beats) renew(b *beat) {
+	defer b.renewing.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), s.every)
+	err := s.m.store.Extend(ctx, b.skey, b.owner, s.m.cfg.lease)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !b.stopped && !errors.Is(err, storage.ErrNotOwner) {
+		s.push(b)
+	}
 }

@@ -44,6 +44,8 @@ package echoidem
 
 import (
 	"net/http"
+	"sync"
+	"sync/atomic"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/response"
@@ -86,41 +88,83 @@ func MiddlewareWithConfig(cfg Config) echo.MiddlewareFunc {
 		cfg.Skipper = DefaultConfig.Skipper
 	}
 	m := cfg.Middleware
+	known := &routeCache{routes: make(map[routeKey]bool)}
+	tmpl := new(atomic.Pointer[template])
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			if cfg.Skipper(c) {
 				return next(c)
 			}
-			var err error
-			m.Serve(c.Response(), c.Request(), route(c), func(w http.ResponseWriter, r *http.Request) {
-				c.SetRequest(r)
-				cw, ok := w.(*response.Capture)
-				if !ok { // not protected: w is c.Response()
-					err = next(c)
-					return
-				}
-				// cw writes to the original Response; the handlers get a
-				// new one on top of cw.
-				orig := c.Response()
-				res := echo.NewResponse(cw, c.Echo())
-				res.Status = http.StatusOK
-				c.SetResponse(res)
-				defer c.SetResponse(orig)
-				if herr := next(c); herr != nil {
-					c.Error(herr) // rendered into cw, so it is recorded
-				}
-			})
-			return err
+			x := call{c: c, next: next, tmpl: tmpl}
+			m.Serve(c.Response(), c.Request(), known.route(c), x.serve)
+			return x.err
 		}
 	}
 }
+
+// call is one request through the middleware.
+type call struct {
+	c    echo.Context
+	next echo.HandlerFunc
+	tmpl *atomic.Pointer[template]
+	err  error // what next returned, for a request that is not protected
+}
+
+// serve is the handler that Middleware.Serve runs.
+func (x *call) serve(w http.ResponseWriter, r *http.Request) {
+	c := x.c
+	c.SetRequest(r)
+	cw, ok := w.(*response.Capture)
+	if !ok { // not protected: w is c.Response()
+		x.err = x.next(c)
+		return
+	}
+	// cw writes to the original Response; the handlers get a new one on
+	// top of cw.
+	orig := c.Response()
+	res := x.newResponse(cw)
+	c.SetResponse(res)
+	defer c.SetResponse(orig)
+	if herr := x.next(c); herr != nil {
+		c.Error(herr) // rendered into cw, so it is recorded
+	}
+	// Like Echo's own Context, the Response is reused once the handlers
+	// have returned (not after a panic).
+	*res = echo.Response{}
+	responsePool.Put(res)
+}
+
+// newResponse returns a Response writing to cw, as echo.NewResponse does,
+// from responsePool. A fresh Response of c.Echo() is kept as a template
+// so that making one allocates nothing.
+func (x *call) newResponse(cw *response.Capture) *echo.Response {
+	e := x.c.Echo()
+	t := x.tmpl.Load()
+	if t == nil || t.e != e {
+		t = &template{e: e, res: *echo.NewResponse(nil, e)}
+		x.tmpl.Store(t)
+	}
+	res := responsePool.Get().(*echo.Response)
+	*res = t.res
+	res.Writer, res.Status = cw, http.StatusOK
+	return res
+}
+
+// template is a fresh Response of one Echo.
+type template struct {
+	e   *echo.Echo
+	res echo.Response
+}
+
+// responsePool holds the Responses of finished executions.
+var responsePool = sync.Pool{New: func() any { return new(echo.Response) }}
 
 // route returns the route pattern Echo matched, or "" when its router found
 // no route for the request's method. c.Path() alone does not tell: it is ""
 // for a plain 404, but holds a pattern for a 405 (a route exists for other
 // methods) and for a route registered with RouteNotFound, which Group.Use
 // registers for every group that has middleware ("/api/*").
-func route(c echo.Context) string {
+func (known *routeCache) route(c echo.Context) string {
 	p := c.Path()
 	if p == "" || c.Get(echo.ContextKeyHeaderAllow) != nil {
 		return ""
@@ -130,11 +174,22 @@ func route(c echo.Context) string {
 	if !ok {
 		rt = e.Router()
 	}
+	method := c.Request().Method
+	k := routeKey{rt, method, p}
+	known.mu.RLock()
+	found := known.routes[k]
+	known.mu.RUnlock()
+	if found {
+		return p
+	}
 	notFound := false
 	for _, r := range rt.Routes() {
 		switch {
 		case r.Path != p:
-		case r.Method == c.Request().Method:
+		case r.Method == method:
+			known.mu.Lock()
+			known.routes[k] = true
+			known.mu.Unlock()
 			return p
 		case r.Method == echo.RouteNotFound:
 			notFound = true
@@ -144,4 +199,19 @@ func route(c echo.Context) string {
 		return ""
 	}
 	return p
+}
+
+// routeCache remembers the routes found registered, so that route scans a
+// router's routes only the first time. Echo has no way to remove a route,
+// so a route once found stays registered; what was not found is looked up
+// again each time. It holds at most one entry per route and method of the
+// routers the middleware serves.
+type routeCache struct {
+	mu     sync.RWMutex
+	routes map[routeKey]bool
+}
+
+type routeKey struct {
+	rt           *echo.Router
+	method, path string
 }

@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem"
@@ -56,13 +57,18 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 				return
 			}
 			orig := c.Writer
-			gw := &writer{cw: cw, status: orig.Status(), size: -1}
+			gw := writerPool.Get().(*writer)
+			*gw = writer{cw: cw, status: orig.Status(), size: -1}
 			c.Writer = gw
 			defer func() { c.Writer = orig }()
 			c.Next()
 			if !gw.Written() { // Gin only recorded the status: commit it
 				cw.WriteHeader(gw.status)
 			}
+			// Like Gin's own Context, the writer is reused once the
+			// handlers have returned (not after a panic).
+			*gw = writer{}
+			writerPool.Put(gw)
 		})
 		if !ran { // m answered itself: a replay or a refusal
 			c.Abort()
@@ -80,6 +86,8 @@ type writer struct {
 }
 
 var _ gin.ResponseWriter = (*writer)(nil)
+
+var writerPool = sync.Pool{New: func() any { return new(writer) }}
 
 func (w *writer) Header() http.Header { return w.cw.Header() }
 

@@ -155,60 +155,80 @@ func appendHeader(b []byte, h http.Header) []byte {
 // [ErrCorrupt] and leaves r unchanged; decoding never panics and allocates at
 // most in proportion to len(data).
 func (r *Record) UnmarshalBinary(data []byte) error {
+	l, err := parseLayout(data)
+	if err != nil {
+		return err
+	}
+	// Second pass: build the maps over one copy of the header bytes.
+	rec := Record{Status: l.status, NotReplayable: l.notReplayable}
+	if l.hn+l.tn > 0 {
+		strs := string(data[l.start:l.end])
+		var values []string
+		if l.hv+l.tv > 0 {
+			values = make([]string, l.hv+l.tv)
+		}
+		b := builder{s: strs, base: l.start, d: decoder{data: data, off: l.start}, values: values}
+		rec.Header = b.header(l.hn)
+		rec.Trailer = b.header(l.tn)
+	}
+	if l.body < len(data) {
+		rec.Body = data[l.body:len(data):len(data)]
+	}
+	*r = rec
+	return nil
+}
+
+// layout is where the parts of a valid encoding are.
+type layout struct {
+	status        int
+	notReplayable bool
+	start, end    int // the header and trailer sections: data[start:end]
+	hn, hv        int // names and values in the header section
+	tn, tv        int // names and values in the trailer section
+	body          int // offset of the body, which ends the data
+}
+
+// parseLayout checks the whole encoding without allocating (unless it is
+// corrupt) and says where its parts are.
+func parseLayout(data []byte) (layout, error) {
 	d := decoder{data: data}
 	if len(data) < 2 {
-		return d.corrupt("truncated")
+		return layout{}, d.corrupt("truncated")
 	}
 	if data[0] != version1 {
-		return fmt.Errorf("%w: unknown version %d", ErrCorrupt, data[0])
+		return layout{}, fmt.Errorf("%w: unknown version %d", ErrCorrupt, data[0])
 	}
 	flags := data[1]
 	if flags&^knownFlags != 0 {
-		return fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
+		return layout{}, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
 	}
 	d.off = 2
 	status := d.uvarint()
 	if d.err != "" {
-		return d.corrupt(d.err)
+		return layout{}, d.corrupt(d.err)
 	}
 	notReplayable := flags&flagNotReplayable != 0
 	if status > 999 || (status < 100 && !(status == 0 && notReplayable)) {
-		return fmt.Errorf("%w: status %d", ErrCorrupt, status)
+		return layout{}, fmt.Errorf("%w: status %d", ErrCorrupt, status)
 	}
 
 	// First pass: validate the two header sections and count their values.
-	start := d.off
-	hn, hv := d.scanHeader()
-	tn, tv := d.scanHeader()
-	end := d.off
+	l := layout{status: int(status), notReplayable: notReplayable, start: d.off}
+	l.hn, l.hv = d.scanHeader()
+	l.tn, l.tv = d.scanHeader()
+	l.end = d.off
 	bodyLen := d.uvarint()
 	if d.err != "" {
-		return d.corrupt(d.err)
+		return layout{}, d.corrupt(d.err)
 	}
 	if rest := uint64(len(data) - d.off); bodyLen != rest {
 		if bodyLen > rest {
-			return d.corrupt("body length past the end")
+			return layout{}, d.corrupt("body length past the end")
 		}
-		return d.corrupt("trailing bytes")
+		return layout{}, d.corrupt("trailing bytes")
 	}
-
-	// Second pass: build the maps over one copy of the header bytes.
-	rec := Record{Status: int(status), NotReplayable: notReplayable}
-	if hn+tn > 0 {
-		strs := string(data[start:end])
-		var values []string
-		if hv+tv > 0 {
-			values = make([]string, hv+tv)
-		}
-		b := builder{s: strs, base: start, d: decoder{data: data, off: start}, values: values}
-		rec.Header = b.header(hn)
-		rec.Trailer = b.header(tn)
-	}
-	if bodyLen > 0 {
-		rec.Body = data[d.off:len(data):len(data)]
-	}
-	*r = rec
-	return nil
+	l.body = d.off
+	return l, nil
 }
 
 // decoder reads the encoding. After the first problem it records err and
@@ -322,18 +342,24 @@ func (b *builder) header(n int) http.Header {
 	}
 	h := make(http.Header, n)
 	for range n {
-		name := b.string()
-		nv := int(b.d.uvarint())
-		if nv == 0 {
-			h[name] = nil
-			continue
-		}
-		vv := b.values[:nv:nv]
-		b.values = b.values[nv:]
-		for i := range vv {
-			vv[i] = b.string()
-		}
+		name, vv := b.entry()
 		h[name] = vv
 	}
 	return h
+}
+
+// entry reads one name and its values, taken from b.values (nil when it
+// has none).
+func (b *builder) entry() (name string, vv []string) {
+	name = b.string()
+	nv := int(b.d.uvarint())
+	if nv == 0 {
+		return name, nil
+	}
+	vv = b.values[:nv:nv]
+	b.values = b.values[nv:]
+	for i := range vv {
+		vv[i] = b.string()
+	}
+	return name, vv
 }

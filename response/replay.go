@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // ReplayedHeader is the response header [Replay] sets to "true", so a client
@@ -96,4 +97,84 @@ func cloneValues(vv, values []string) (clone, rest []string) {
 	i := len(values)
 	values = append(values, vv...)
 	return values[i:len(values):len(values)], values
+}
+
+// ReplayBinary writes the record that data encodes (see
+// [Record.AppendBinary]) to w, exactly as UnmarshalBinary followed by
+// [Replay] would, without building the Record: it allocates one string for
+// all header names and values and one slice for the values, which the
+// replayed header map then owns.
+//
+// It checks the whole encoding before writing anything. It returns status
+// 0 and an error wrapping [ErrCorrupt] for bytes that are not a record, and
+// the record's status with [ErrNotReplayable] itself for a NotReplayable
+// record; it writes nothing in either case. Otherwise it returns the
+// record's status and the error of the body's Write.
+func ReplayBinary(w http.ResponseWriter, data []byte) (status int, err error) {
+	l, err := parseLayout(data)
+	if err != nil {
+		return 0, err
+	}
+	if l.notReplayable {
+		return l.status, ErrNotReplayable
+	}
+	body := data[l.body:]
+
+	// One string holds the header bytes and the Content-Length digits.
+	var digits [20]byte
+	cl := strconv.AppendInt(digits[:0], int64(len(body)), 10)
+	var sb strings.Builder
+	sb.Grow(l.end - l.start + len(cl))
+	sb.Write(data[l.start:l.end])
+	sb.Write(cl)
+	s := sb.String()
+	b := builder{s: s, base: l.start, d: decoder{data: data, off: l.start}, values: make([]string, l.hv+l.tv+2)}
+
+	h := w.Header()
+	var declared []string
+	b.d.uvarint() // the count of names, already known
+	for range l.hn {
+		name, vv := b.entry()
+		h[name] = vv
+		if name == "Trailer" {
+			declared = vv
+		}
+	}
+	vv := b.values[:1:1]
+	b.values = b.values[1:]
+	vv[0] = "true"
+	h[ReplayedHeader] = vv
+	trailers := b.d
+	b.d.uvarint()
+	for range l.tn { // announce the undeclared trailers; values come later
+		name := b.string()
+		for range b.d.uvarint() {
+			b.d.str()
+		}
+		if !declares(declared, name) {
+			h[http.TrailerPrefix+name] = nil
+		}
+	}
+	if len(declared) == 0 && l.tn == 0 && bodyAllowedForStatus(l.status) && h.Get("Transfer-Encoding") == "" {
+		vv := b.values[:1:1]
+		b.values = b.values[1:]
+		vv[0] = s[len(s)-len(cl):]
+		h["Content-Length"] = vv
+	}
+	w.WriteHeader(l.status)
+	if len(body) > 0 {
+		_, err = w.Write(body)
+	}
+	if l.tn > 0 {
+		b.d = trailers
+		b.d.uvarint()
+		for range l.tn {
+			name, vv := b.entry()
+			if !declares(declared, name) {
+				name = http.TrailerPrefix + name
+			}
+			h[name] = vv
+		}
+	}
+	return l.status, err
 }
