@@ -1,0 +1,189 @@
+//go:build unix
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+)
+
+// TestCrashedProcessLeaseExpires: a process is killed (SIGKILL) while its
+// handlers run. Retries on the other processes get 409 with Retry-After
+// until the dead process's lease expires, then exactly one of them runs
+// the handler and the others get its response; no key stays locked past
+// its lease.
+func TestCrashedProcessLeaseExpires(t *testing.T) {
+	const (
+		lease    = 1500 * time.Millisecond
+		ttl      = time.Minute
+		keys     = 8
+		retriers = 3 // concurrent retrying clients per key
+	)
+	addr := redistest.Start(t)
+	ctx := deadline(t, 90*time.Second)
+	srvs := startServers(t, 3, "-redis", addr, "-lease", lease.String(), "-ttl", ttl.String())
+	rdb := redisClient(t, addr)
+	c := newClient(t)
+	victim := srvs[0]
+
+	// Requests that block in the handler of the victim.
+	var held sync.WaitGroup
+	hctx, unhold := context.WithCancel(ctx)
+	defer func() { unhold(); held.Wait() }()
+	for i := range keys {
+		held.Go(func() {
+			key := fmt.Sprintf("crash-%d", i)
+			if r := c.post(hctx, srvs, 0, key, key+"/held", true); r.err == nil {
+				t.Errorf("held request answered before the kill: %v", r)
+			}
+		})
+	}
+	// Each handler is running once its execution is counted.
+	waitFor(t, ctx, "the held handlers to run", func() bool {
+		for i := range keys {
+			if n, _ := rdb.LLen(ctx, fmt.Sprintf("exec:crash-%d", i)).Result(); n != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	// Renewals keep the leases alive while the handlers run (the pause is
+	// not a multiple of the renewal period, lease/3, so that the kill
+	// falls between two renewals).
+	sleep(ctx, lease*7/6)
+	if inFlight, _ := checkTTLs(t, ctx, rdb, "idem:", lease, ttl); inFlight != keys {
+		t.Fatalf("%d keys in flight, want %d", inFlight, keys)
+	}
+
+	victim.kill()
+	killed := time.Now()
+	// Each key's lease, as Redis counts it after the kill: it expires no
+	// earlier than killed+pttl.
+	first := executions(t, ctx, rdb, keyNames("crash-", keys))
+	expiry := map[string]time.Time{}
+	var left []time.Duration
+	iter := rdb.Scan(ctx, 0, "idem:*", 100).Iterator()
+	for iter.Next(ctx) {
+		v := rdb.Get(ctx, iter.Val()).Val()
+		pttl := rdb.PTTL(ctx, iter.Val()).Val()
+		for key, ex := range first {
+			if strings.HasSuffix(v, ex[0].owner) {
+				if pttl <= 0 || pttl > lease {
+					t.Errorf("%s: PTTL %v after the kill, want in (0, %v]", key, pttl, lease)
+				}
+				expiry[key] = killed.Add(pttl)
+				left = append(left, pttl)
+			}
+		}
+	}
+	if len(expiry) != keys {
+		t.Fatalf("found the lease of %d keys after the kill, want %d", len(expiry), keys)
+	}
+
+	// Retries on the two other processes, several per key at once.
+	var (
+		mu      sync.Mutex
+		replies = map[string][]*reply{}
+		finals  = map[string][]*reply{}
+		retries sync.WaitGroup
+	)
+	for i := range keys {
+		key := fmt.Sprintf("crash-%d", i)
+		for j := range retriers {
+			retries.Go(func() {
+				for attempt := 0; ctx.Err() == nil; attempt++ {
+					r := c.post(ctx, srvs, 1+(i+j+attempt)%2, key, fmt.Sprintf("%s/%d/%d", key, j, attempt), false)
+					mu.Lock()
+					replies[key] = append(replies[key], r)
+					mu.Unlock()
+					if r.err != nil || r.status != http.StatusConflict {
+						mu.Lock()
+						finals[key] = append(finals[key], r)
+						mu.Unlock()
+						return
+					}
+					sleep(ctx, 20*time.Millisecond)
+				}
+			})
+		}
+	}
+	retries.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("keys still locked: %v", ctx.Err())
+	}
+
+	execs := executions(t, ctx, rdb, keyNames("crash-", keys))
+	bad := failures{t: t}
+	var n409 int
+	var reran []time.Duration
+	for i := range keys {
+		key := fmt.Sprintf("crash-%d", i)
+		var orig *reply
+		for _, r := range replies[key] {
+			switch {
+			case r.err != nil:
+				bad.add("%v", r)
+			case r.status == http.StatusConflict:
+				n409++
+				if err := checkRetryAfter(r, lease); err != nil {
+					bad.add("%v", err)
+				}
+			case r.status != http.StatusCreated:
+				bad.add("unexpected answer %v", r)
+			case r.replayed:
+			case orig != nil:
+				bad.add("%s: executed twice after the kill: %v and %v", key, orig, r)
+			default:
+				orig = r
+				if r.recv.Before(expiry[key]) {
+					bad.add("%s: executed %v after the kill, before its lease expired (%v after the kill): %v",
+						key, r.recv.Sub(killed), expiry[key].Sub(killed), r)
+				}
+				reran = append(reran, r.recv.Sub(killed))
+			}
+		}
+		ex := execs[key]
+		switch {
+		case len(ex) != 2:
+			bad.add("%s: %d executions, want 2 (the killed one and one after): %v", key, len(ex), ex)
+		case ex[1].pid == victim.pid || ex[1].owner == ex[0].owner:
+			bad.add("%s: second execution %v by the killed process or owner", key, ex[1])
+		case orig == nil:
+			bad.add("%s: no retry got the executed answer: %v", key, finals[key])
+		case orig.exec != ex[1].xexec():
+			bad.add("%s: executed answer %v is not from the execution %v", key, orig, ex[1])
+		default:
+			for _, r := range finals[key] {
+				if r != orig && (!r.replayed || !r.sameResponse(orig)) {
+					bad.add("%s: replay %v differs from the executed answer %v", key, r, orig)
+				}
+			}
+		}
+	}
+	bad.report("after the crash")
+	if n409 == 0 {
+		t.Error("no retry got 409: the test did not exercise the lease")
+	}
+	if inFlight, done := checkTTLs(t, ctx, rdb, "idem:", lease, ttl); inFlight != 0 || done != keys {
+		t.Errorf("%d keys in flight and %d done, want 0 and %d", inFlight, done, keys)
+	}
+	figure(t, "lease %v, %d keys held by the killed process, %d retriers per key: %d answered 409 with Retry-After; "+
+		"leases left at the kill %v to %v; each key ran again exactly once, %v to %v after the kill",
+		lease, keys, retriers, n409, ms(slices.Min(left)), ms(slices.Max(left)), ms(slices.Min(reran)), ms(slices.Max(reran)))
+}
+
+func keyNames(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return keys
+}

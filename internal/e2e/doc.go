@@ -1,0 +1,24 @@
+// Package e2e holds end-to-end tests of the kit's guarantees with real
+// processes on loopback: several idemserver processes (a net/http
+// application protected by idem on redisstore, built from ./idemserver
+// without -race) share real redis-servers, a bounded client in the test
+// sends duplicates across them, and the tests kill processes (kill -9),
+// stall Redis (SIGSTOP/SIGCONT) and kill and restart it. Every execution
+// of the handler is counted outside the middleware, in a Redis list per
+// key, so "exactly once" is checked by counting, and every replay is
+// compared byte for byte with the response of the execution it replays.
+//
+// The tests and what they prove are listed in docs/guarantees.md, with the
+// figures of the last run. They need redis-server on PATH (they skip
+// without it, or fail when IDEM_REQUIRE_REDIS=1) and the go command, to
+// build the server once per test binary. Environment variables:
+//
+//	IDEM_E2E_KEYS=10000   keys of TestExactlyOnceAcrossProcesses (default 2000)
+//	IDEM_E2E_DUPS=5       concurrent duplicates of each key (default 5)
+//	IDEM_E2E_WORKERS=64   requests in flight (default 64)
+//	IDEM_E2E_FIGURES=f    append the figures of the run to the file f
+//
+// A larger run:
+//
+//	IDEM_E2E_KEYS=10000 go test -count=1 -v -run TestExactlyOnceAcrossProcesses ./internal/e2e/
+package e2e

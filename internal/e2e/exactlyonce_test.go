@@ -1,0 +1,108 @@
+//go:build unix
+
+package e2e
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+)
+
+// TestExactlyOnceAcrossProcesses: three processes share one Redis; every
+// key is sent as concurrent duplicates spread across them. Each key's
+// handler runs exactly once, and every other duplicate gets that
+// execution's response back byte for byte.
+func TestExactlyOnceAcrossProcesses(t *testing.T) {
+	const lease = 5 * time.Second
+	addr := redistest.Start(t)
+	keys := envInt(t, "IDEM_E2E_KEYS", 2000)
+	dups := envInt(t, "IDEM_E2E_DUPS", 5)
+	workers := envInt(t, "IDEM_E2E_WORKERS", 64)
+	ctx := deadline(t, 2*time.Minute+time.Duration(keys*dups)*2*time.Millisecond)
+
+	srvs := startServers(t, 3, "-redis", addr, "-lease", lease.String(), "-delay", "2ms")
+	rdb := redisClient(t, addr)
+	l := newLoad(newClient(t), srvs, loadConfig{prefix: "once-", dups: dups, workers: workers,
+		backoff: 50 * time.Millisecond, maxAttempts: 1000})
+	begin := time.Now()
+	l.start(t, ctx, keys)
+	l.wait(t, ctx)
+	elapsed := time.Since(begin)
+
+	replies := l.snapshot()
+	execs := executions(t, ctx, rdb, l.keys)
+	if int(l.started.Load()) != keys {
+		t.Fatalf("%d keys sent, want %d", l.started.Load(), keys)
+	}
+
+	// Every answer is the handler's 201 (executed or replayed) or a 409
+	// with Retry-After; the store never failed.
+	bad := failures{t: t}
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			bad.add("%v", r)
+		case r.status == http.StatusCreated:
+		case r.status == http.StatusConflict:
+			if err := checkRetryAfter(r, lease); err != nil {
+				bad.add("%v", err)
+			}
+		default:
+			bad.add("unexpected answer %v", r)
+		}
+	}
+	bad.report("answers")
+
+	// One execution per key, and every duplicate's final answer is that
+	// execution's response, byte for byte.
+	once := failures{t: t}
+	var executed int
+	for _, key := range l.keys {
+		ex := execs[key]
+		executed += len(ex)
+		if len(ex) != 1 {
+			once.add("%s executed %d times: %v", key, len(ex), ex)
+			continue
+		}
+		finals := l.finals[key]
+		if len(finals) != dups {
+			once.add("%s: %d final answers, want %d", key, len(finals), dups)
+			continue
+		}
+		var orig *reply
+		for _, r := range finals {
+			if r.status == http.StatusCreated && !r.replayed {
+				if orig != nil {
+					once.add("%s: two answers not replayed: %v and %v", key, orig, r)
+				}
+				orig = r
+			}
+		}
+		switch {
+		case orig == nil:
+			once.add("%s: no duplicate got the executed answer: %v", key, finals)
+			continue
+		case orig.exec != ex[0].xexec() || orig.rid != ex[0].rid:
+			once.add("%s: executed answer %v is not from the execution %v", key, orig, ex[0])
+		}
+		for _, r := range finals {
+			if r != orig && (!r.replayed || !r.sameResponse(orig)) {
+				once.add("%s: replay %v differs from the executed answer %v", key, r, orig)
+			}
+		}
+	}
+	once.report("exactly once")
+	if n := rdb.SCard(ctx, "lost").Val(); n != 0 {
+		t.Errorf("%d records could not be stored; servers said:\n%s\n%s\n%s", n, srvs[0].output(), srvs[1].output(), srvs[2].output())
+	}
+	if _, done := checkTTLs(t, ctx, rdb, "idem:", lease, 10*time.Minute); done != keys {
+		t.Errorf("%d records stored, want %d", done, keys)
+	}
+
+	figure(t, "%d keys x %d duplicates over 3 processes, %d in flight: %d requests, %d answered 409 and retried, "+
+		"%d executions, %d replays, in %v (%.0f requests/s)",
+		keys, dups, workers, len(replies), l.n409.Load(), executed, keys*dups-int(l.nExecuted.Load()),
+		ms(elapsed), float64(len(replies))/elapsed.Seconds())
+}

@@ -1,0 +1,163 @@
+// Command idemserver is the application that the end-to-end tests of
+// package e2e run as real processes: one protected endpoint on net/http
+// with its records in Redis, and a count of its executions kept outside
+// the middleware.
+//
+//	idemserver -redis 127.0.0.1:6379 [-count-redis addr] [-lease 30s] [-delay 2ms]
+//
+// POST /orders (protected by an Idempotency-Key) first appends one line to
+// the Redis list exec:<key> on the count server (RPUSH, so the list's
+// length is the number of executions of the key), then, if the request
+// has an X-Hold header, blocks until the client goes away or the process
+// is killed, else waits -delay, then answers 201 with a JSON body that
+// names this execution: process id, sequence number in the process, the
+// request's X-Request-Id and the list length. A replay is that body byte
+// for byte.
+//
+// A record the middleware could not store (Complete failed: the store was
+// unreachable, or the lease was lost) is reported by adding the lease
+// owner's token to the set "lost" on the count server, and on stdout, so a
+// test can tell which executions may legitimately be followed by another.
+//
+// The Redis client uses the options that redisstore.New recommends for a
+// request path: ContextTimeoutEnabled, 250 ms dial/read/write timeouts,
+// one retry (-redis-timeout and -redis-retries change them). When it
+// listens the program prints "listening ADDR" on stdout.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address to listen on")
+	store := flag.String("redis", "127.0.0.1:6379", "address of the Redis holding the records")
+	count := flag.String("count-redis", "", "address of the Redis holding exec:<key> and lost (default -redis)")
+	prefix := flag.String("prefix", redisstore.DefaultPrefix, "prefix of the record keys")
+	lease := flag.Duration("lease", idem.DefaultLease, "lease of a request in flight")
+	ttl := flag.Duration("ttl", 10*time.Minute, "how long a response is kept")
+	delay := flag.Duration("delay", 0, "how long the handler works before answering")
+	timeout := flag.Duration("redis-timeout", 250*time.Millisecond, "go-redis dial, read and write timeout")
+	retries := flag.Int("redis-retries", 1, "go-redis MaxRetries")
+	dialRetries := flag.Int("dialer-retries", 1, "go-redis DialerRetries (its default, 5, retries a refused dial 4 times, 100 ms apart)")
+	failOpen := flag.Bool("fail-open", false, "run the handler unprotected when the store fails (idem.WithFailOpen)")
+	flag.Parse()
+	if *count == "" {
+		*count = *store
+	}
+	log.SetFlags(0)
+	log.SetPrefix(fmt.Sprintf("idemserver[%d]: ", os.Getpid()))
+
+	client := func(addr string) *redis.Client {
+		return redis.NewClient(&redis.Options{
+			Addr:                  addr,
+			ContextTimeoutEnabled: true,
+			DialTimeout:           *timeout,
+			ReadTimeout:           *timeout,
+			WriteTimeout:          *timeout,
+			MaxRetries:            *retries,
+			DialerRetries:         *dialRetries,
+		})
+	}
+	counts := client(*count)
+	st := watched{Store: redisstore.New(client(*store), redisstore.WithPrefix(*prefix)), counts: counts}
+	opts := []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
+	if *failOpen {
+		opts = append(opts, idem.WithFailOpen())
+	}
+	m, err := idem.New(st, opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", nethttp.Middleware(m)(&app{counts: counts, delay: *delay}))
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("listening %s\n", ln.Addr())
+	log.Fatal(http.Serve(ln, mux))
+}
+
+// observe prints the store's failures, with their time, for whoever
+// reads the output of a failed test.
+func observe(e idem.Event) {
+	switch e.Outcome {
+	case idem.StoreError, idem.FailedOpen, idem.LeaseLost:
+		log.Printf("%s %s after %v: %v", time.Now().Format("15:04:05.000"), e.Outcome, e.Duration.Round(time.Millisecond), e.Err)
+	}
+}
+
+// app is the protected handler.
+type app struct {
+	counts *redis.Client
+	delay  time.Duration
+	seq    atomic.Int64
+}
+
+func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	info, _ := idem.FromContext(r.Context())
+	seq := a.seq.Add(1)
+	rid := r.Header.Get("X-Request-Id")
+	owner := info.Owner
+	if owner == "" {
+		owner = "-" // unprotected: WithFailOpen ran the handler
+	}
+	line := fmt.Sprintf("%d %d %s %s %d", os.Getpid(), seq, rid, owner, time.Now().UnixNano())
+	n, err := a.counts.RPush(r.Context(), "exec:"+info.Key, line).Result()
+	if err != nil {
+		// Not counted, so not executed: 500 is not stored, and a retry
+		// runs again.
+		http.Error(w, "count: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if r.Header.Get("X-Hold") != "" {
+		<-r.Context().Done() // until the client leaves or the process is killed
+	} else if a.delay > 0 {
+		time.Sleep(a.delay)
+	}
+	body, _ := json.Marshal(map[string]any{
+		"key": info.Key, "pid": os.Getpid(), "seq": seq, "rid": rid, "n": n, "protected": info.Protected,
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Exec", strconv.Itoa(os.Getpid())+"-"+strconv.FormatInt(seq, 10))
+	w.WriteHeader(http.StatusCreated)
+	w.Write(body)
+}
+
+// watched is the store, reporting every record it could not store.
+type watched struct {
+	storage.Store
+	counts *redis.Client
+}
+
+func (s watched) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
+	err := s.Store.Complete(ctx, key, owner, record, ttl)
+	if err != nil {
+		log.Printf("lost owner=%s not-owner=%t: %v", owner, errors.Is(err, storage.ErrNotOwner), err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.counts.SAdd(ctx, "lost", owner).Err(); err != nil {
+			log.Printf("lost owner=%s not recorded: %v", owner, err)
+		}
+	}
+	return err
+}

@@ -1,0 +1,288 @@
+//go:build unix
+
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/redistest"
+)
+
+// outage is a time when the store's Redis could not answer.
+type outage struct {
+	name       string
+	start, end time.Time // Redis stopped or killed; resumed or restarted
+	back       time.Time // Redis answering again
+	next       time.Time // the next outage's start, if any
+}
+
+// inside reports whether r was sent and answered during the outage.
+func (o outage) inside(r *reply) bool { return !r.sent.Before(o.start) && r.recv.Before(o.end) }
+
+// TestRedisOutageFailsClosed: under load on three processes, the store's
+// Redis is stalled (SIGSTOP, then SIGCONT), later killed and restarted on
+// the same port with its append-only file. While it cannot answer, every
+// request gets 503 with Retry-After and no handler runs; the processes
+// recover without a restart when it is back; no record is lost across the
+// restart; and no key runs twice, except after a completion that could
+// not be stored, and then only once its lease expired.
+func TestRedisOutageFailsClosed(t *testing.T) {
+	const (
+		lease       = 2 * time.Second
+		ttl         = 10 * time.Minute
+		minOutage   = 1500 * time.Millisecond
+		minRefusals = 100 // 503s to see in each outage before it ends
+		progress    = 200 // keys done between two phases
+	)
+	store := redistest.StartProc(t, "--appendonly", "yes", "--appendfsync", "always", "--dir", t.TempDir())
+	countAddr := redistest.Start(t)
+	ctx := deadline(t, 3*time.Minute)
+	srvs := startServers(t, 3, "-redis", store.Addr(), "-count-redis", countAddr,
+		"-lease", lease.String(), "-ttl", ttl.String(), "-delay", "2ms")
+	counts := redisClient(t, countAddr)
+	c := newClient(t)
+	l := newLoad(c, srvs, loadConfig{prefix: "outage-", dups: 5, workers: 48,
+		backoff: 100 * time.Millisecond, maxAttempts: 2000})
+	l.start(t, ctx, 1_000_000)
+	begin := time.Now()
+
+	advance := func(what string) {
+		t.Helper()
+		mark := l.finished.Load()
+		waitFor(t, ctx, fmt.Sprintf("%d keys done %s", progress, what), func() bool { return l.finished.Load() >= mark+progress })
+	}
+	refuse := func(o *outage) {
+		t.Helper()
+		mark := l.n503.Load()
+		waitFor(t, ctx, "503s while Redis is "+o.name, func() bool {
+			return l.n503.Load() >= mark+minRefusals && time.Since(o.start) >= minOutage
+		})
+		o.end = time.Now()
+	}
+
+	advance("before the outages")
+	stall := outage{name: "stopped (SIGSTOP)"}
+	store.Pause()
+	stall.start = time.Now()
+	refuse(&stall)
+	store.Resume()
+	stall.back = time.Now()
+	advance("after SIGCONT")
+
+	down := outage{name: "killed"}
+	store.Kill()
+	down.start = time.Now()
+	refuse(&down)
+	store.Restart()
+	down.back = time.Now()
+	advance("after the restart")
+	l.stopFeeding()
+	l.wait(t, ctx)
+	elapsed := time.Since(begin)
+
+	replies := l.snapshot()
+	execs := executions(t, ctx, counts, l.keys)
+	lost := map[string]bool{}
+	for _, o := range counts.SMembers(ctx, "lost").Val() {
+		lost[o] = true
+	}
+	rids := map[string]bool{} // of requests that ran the handler
+	for _, ex := range execs {
+		for _, e := range ex {
+			rids[e.rid] = true
+		}
+	}
+
+	// Every answer is 201, or a 409 or 503 with Retry-After, and a
+	// refusal never ran the handler.
+	bad := failures{t: t}
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			bad.add("%v", r)
+		case r.status == http.StatusCreated:
+		case r.status == http.StatusConflict || r.status == http.StatusServiceUnavailable:
+			if err := checkRetryAfter(r, lease); err != nil {
+				bad.add("%v", err)
+			}
+			if rids[r.rid] {
+				bad.add("refused, but its handler ran: %v", r)
+			}
+		default:
+			bad.add("unexpected answer %v", r)
+		}
+	}
+	bad.report("answers")
+
+	// Fail closed: what was sent and answered while Redis could not
+	// answer is a 503, never an execution.
+	stall.next = down.start
+	for _, o := range []*outage{&stall, &down} {
+		closed := failures{t: t}
+		var n int
+		var wait []time.Duration // to each 503 sent during the outage
+		for _, r := range replies {
+			if o.inside(r) {
+				n++
+				if r.status != http.StatusServiceUnavailable {
+					closed.add("answered while Redis was %s: %v", o.name, r)
+				}
+			}
+			if r.status == http.StatusServiceUnavailable && !r.sent.Before(o.start) && r.sent.Before(o.end) {
+				wait = append(wait, r.recv.Sub(r.sent))
+			}
+		}
+		closed.report("while Redis was " + o.name)
+		if n < 10 {
+			t.Errorf("only %d requests sent and answered while Redis was %s: the outage was not exercised", n, o.name)
+		}
+		// Recovery: from Redis answering again to the first request sent
+		// afterwards that succeeded, and to the last that got a 503
+		// (until the next outage).
+		var firstOK, last503 time.Duration = -1, 0
+		for _, r := range replies {
+			if r.sent.Before(o.back) || !o.next.IsZero() && !r.sent.Before(o.next) {
+				continue
+			}
+			if d := r.recv.Sub(o.back); r.status == http.StatusCreated && (firstOK < 0 || d < firstOK) {
+				firstOK = d
+			}
+			if d := r.recv.Sub(o.back); r.status == http.StatusServiceUnavailable && d > last503 {
+				last503 = d
+			}
+		}
+		if firstOK < 0 {
+			t.Errorf("no request succeeded after Redis was %s", o.name)
+		}
+		figure(t, "Redis %s for %v: %d requests sent and answered meanwhile, all 503 with Retry-After; "+
+			"%d 503s to requests sent meanwhile, waited p50 %v, max %v; after it was back: first success %v, last 503 %v",
+			o.name, ms(o.end.Sub(o.start)), n, len(wait), ms(quantile(wait, 0.5)), ms(quantile(wait, 1)), ms(firstOK), ms(last503))
+	}
+
+	// Every key ran once; twice only after a completion that could not be
+	// stored, once its lease had expired. Every duplicate's final answer
+	// is an execution's response; replays are the last one's byte for
+	// byte.
+	once := failures{t: t}
+	lastExec := map[string]*reply{}
+	var executed, again int
+	for _, key := range l.keys {
+		ex := execs[key]
+		executed += len(ex)
+		if len(ex) == 0 {
+			once.add("%s never executed", key)
+			continue
+		}
+		for i := range len(ex) - 1 {
+			if !lost[ex[i].owner] {
+				once.add("%s executed again after a stored completion: %v", key, ex)
+			}
+			if gap := ex[i+1].at.Sub(ex[i].at); gap < lease/2 {
+				once.add("%s executed again %v after a lost completion, within its lease: %v", key, gap, ex)
+			}
+		}
+		if len(ex) > 1 {
+			again++
+		}
+		byExec := map[string]*reply{}
+		for _, r := range l.finals[key] {
+			if r.status == http.StatusCreated && !r.replayed {
+				byExec[r.exec] = r
+			}
+		}
+		last := byExec[ex[len(ex)-1].xexec()]
+		if last == nil {
+			once.add("%s: no duplicate got the answer of its last execution %v: %v", key, ex[len(ex)-1], l.finals[key])
+			continue
+		}
+		lastExec[key] = last
+		if len(l.finals[key]) != l.cfg.dups {
+			once.add("%s: %d final answers, want %d", key, len(l.finals[key]), l.cfg.dups)
+		}
+		for _, r := range l.finals[key] {
+			switch {
+			case r.status != http.StatusCreated:
+				once.add("%s: final answer %v", key, r)
+			case !r.replayed && !slices.ContainsFunc(ex, func(e execution) bool { return e.xexec() == r.exec && e.rid == r.rid }):
+				once.add("%s: answer %v is from no execution of %v", key, r, ex)
+			case r.replayed && !r.sameResponse(last):
+				once.add("%s: replay %v differs from the last execution's answer %v", key, r, last)
+			}
+		}
+	}
+	once.report("executions")
+
+	// Records survive the restart: every key, asked once more, replays
+	// its last execution and runs nothing.
+	sweep := make([]*reply, len(l.keys))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 32 {
+		wg.Go(func() {
+			for i := range next {
+				sweep[i] = c.post(ctx, srvs, i%len(srvs), l.keys[i], l.keys[i]+"/sweep", false)
+			}
+		})
+	}
+	for i := range l.keys {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	after := executions(t, ctx, counts, l.keys)
+	kept := failures{t: t}
+	for i, key := range l.keys {
+		if r, last := sweep[i], lastExec[key]; last != nil && (r.err != nil || !r.replayed || !r.sameResponse(last)) {
+			kept.add("%s: asked again after the outages: %v, want a replay of %v", key, r, last)
+		}
+		if len(after[key]) != len(execs[key]) {
+			kept.add("%s: asked again, executed again: %v", key, after[key])
+		}
+	}
+	kept.report("records after the restart")
+	checkTTLs(t, ctx, redisClient(t, store.Addr()), "idem:", lease, ttl)
+
+	figure(t, "lease %v, 3 processes, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, "+
+		"%d answered 503; %d executions; %d completions could not be stored, %d keys ran a second time after one "+
+		"(each after its lease); %d keys asked again after the restart: all replayed",
+		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
+		executed, len(lost), again, len(l.keys))
+}
+
+// TestRedisRestartWithoutPersistenceForgets shows why the outage test
+// runs Redis with an append-only file: a Redis restarted without
+// persistence (or a replica) has forgotten every record, so a retry after
+// the restart runs the handler again.
+func TestRedisRestartWithoutPersistenceForgets(t *testing.T) {
+	store := redistest.StartProc(t)
+	countAddr := redistest.Start(t)
+	ctx := deadline(t, time.Minute)
+	srvs := startServers(t, 1, "-redis", store.Addr(), "-count-redis", countAddr)
+	counts := redisClient(t, countAddr)
+	c := newClient(t)
+	const key = "forget"
+
+	first := c.post(ctx, srvs, 0, key, "first", false)
+	replay := c.post(ctx, srvs, 0, key, "replay", false)
+	if first.status != http.StatusCreated || first.replayed || !replay.replayed || !replay.sameResponse(first) {
+		t.Fatalf("before the restart: %v, then %v; want an execution, then its replay", first, replay)
+	}
+	store.Kill()
+	store.Restart()
+	var again *reply
+	waitFor(t, ctx, "the server to reach the restarted Redis", func() bool {
+		again = c.post(ctx, srvs, 0, key, fmt.Sprintf("again-%d", time.Now().UnixNano()), false)
+		return again.err != nil || again.status != http.StatusServiceUnavailable
+	})
+	if again.status != http.StatusCreated || again.replayed {
+		t.Fatalf("after a restart without persistence: %v, want a new execution", again)
+	}
+	if n := counts.LLen(ctx, "exec:"+key).Val(); n != 2 {
+		t.Fatalf("%d executions, want 2", n)
+	}
+}
