@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // The response every handler writes: 201, three headers and a 200-byte
 // JSON body, or a 1 MiB body for the "large" case.
 var (
-	orderJSON = []byte(`{"id":42,"status":"created","customer":"c_8d2f","items":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"total":{"amount":"129.90","currency":"EUR"},"created_at":"2026-11-22T20:20:00Z","note":"leave at door"}`)
+	orderJSON = []byte(`{"id":42,"status":"created","customer":"c_8d2f","items":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}],"total":{"amount":"129.90","currency":"EUR"},"created_at":"2026-11-22T20:20:00Z","note":"at door"}`)
 	largeBody = bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
 
 	// requestJSON is the body of every POST.
@@ -141,22 +141,58 @@ var adapters = []adapter{
 // store is a store to measure, with its Redis client when it has one.
 type store struct {
 	storage.Store
-	rdb     *redis.Client // nil for the memory store
+	mem     *memstore.Store // nil for the Redis store
+	rdb     *redis.Client   // nil for the memory store
 	counter *redistest.CommandCounter
+	prefix  string // of the Redis keys
+}
+
+// trim deletes the Redis store's keys; it does nothing for the memory
+// store.
+func (s store) trim(tb testing.TB) {
+	if s.rdb == nil {
+		return
+	}
+	ctx := context.Background()
+	var keys []string
+	iter := s.rdb.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	if len(keys) > 0 {
+		if err := s.rdb.Unlink(ctx, keys...).Err(); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 type storeKind struct {
 	name string
-	open func(tb testing.TB) store
+	// open opens the store; large says it will hold 1 MiB records, which
+	// must not pile up: a benchmark stores one per iteration.
+	open func(tb testing.TB, large bool) store
 }
 
+// largeKept is how many 1 MiB records a store keeps at most during the
+// large case: the memory store is bounded to that many entries (it evicts
+// the oldest record as a full store does), and the keys of a Redis store
+// are deleted each time that many were written, outside the measurement.
+const largeKept = 64
+
 var storeKinds = []storeKind{
-	{"memory", func(tb testing.TB) store {
-		s := memstore.New()
+	{"memory", func(tb testing.TB, large bool) store {
+		var opts []memstore.Option
+		if large {
+			opts = append(opts, memstore.WithMaxEntries(largeKept))
+		}
+		s := memstore.New(opts...)
 		tb.Cleanup(func() { s.Close() })
-		return store{Store: s}
+		return store{Store: s, mem: s}
 	}},
-	{"redis", func(tb testing.TB) store {
+	{"redis", func(tb testing.TB, large bool) store {
 		addr := redistest.Addr(tb)
 		rdb := redis.NewClient(&redis.Options{Addr: addr})
 		c := new(redistest.CommandCounter)
@@ -167,7 +203,8 @@ var storeKinds = []storeKind{
 			}
 			rdb.Close()
 		})
-		return store{Store: redisstore.New(rdb, redisstore.WithPrefix("bench:"+rand.Text()[:8]+":")), rdb: rdb, counter: c}
+		prefix := "bench:" + rand.Text()[:8] + ":"
+		return store{Store: redisstore.New(rdb, redisstore.WithPrefix(prefix)), rdb: rdb, counter: c, prefix: prefix}
 	}},
 }
 
@@ -254,7 +291,7 @@ type setup struct {
 }
 
 func newSetup(tb testing.TB, a adapter, sk storeKind, large bool) *setup {
-	s := &setup{adapter: a, store: sk.open(tb)}
+	s := &setup{adapter: a, store: sk.open(tb, large)}
 	var err error
 	if s.m, err = idem.New(s.store); err != nil {
 		tb.Fatal(err)
