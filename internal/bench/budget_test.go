@@ -92,6 +92,9 @@ func bytesPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
 }
 
 func TestAllocationBudget(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocations are not measured under the race detector")
+	}
 	budgets := map[string]map[string]float64{
 		"memory": {"passthrough": memPassAllocs, "first": memFirstAllocs, "replay": memReplayAllocs},
 		"redis":  {"first": redisFirstAllocs, "replay": redisReplayAllocs},
@@ -155,6 +158,9 @@ func TestRedisRoundTrips(t *testing.T) {
 }
 
 func TestLargeResponseBytes(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocations are not measured under the race detector")
+	}
 	for _, sk := range storeKinds {
 		t.Run(sk.name, func(t *testing.T) {
 			a := adapters[0]
