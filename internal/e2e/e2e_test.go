@@ -257,7 +257,7 @@ type load struct {
 	n409      atomic.Int64
 	n503      atomic.Int64
 	nExecuted atomic.Int64 // 2xx answers not replayed
-	lastOK    atomic.Int64 // UnixNano of the latest 2xx received
+	answered  atomic.Int64 // answers of any kind
 
 	mu      sync.Mutex
 	replies []*reply
@@ -361,6 +361,9 @@ func (l *load) dup(ctx context.Context, it item) {
 }
 
 func (l *load) record(r *reply) {
+	if r.err == nil {
+		l.answered.Add(1)
+	}
 	switch {
 	case r.err != nil:
 	case r.status == http.StatusConflict:
@@ -371,7 +374,6 @@ func (l *load) record(r *reply) {
 		if !r.replayed {
 			l.nExecuted.Add(1)
 		}
-		l.lastOK.Store(r.recv.UnixNano())
 	}
 	l.mu.Lock()
 	l.replies = append(l.replies, r)
@@ -416,6 +418,10 @@ type execution struct {
 	rid   string
 	owner string
 	at    time.Time
+}
+
+func (e execution) String() string {
+	return fmt.Sprintf("{pid %d seq %s rid %s owner %.8s at %s}", e.pid, e.seq, e.rid, e.owner, e.at.Format("15:04:05.000"))
 }
 
 // xexec is the X-Exec header of the response of this execution.
