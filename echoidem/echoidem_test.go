@@ -5,35 +5,23 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/internal/conformance"
 	"github.com/idemkit/idem/internal/redistest"
-	"github.com/idemkit/idem/storage"
-	"github.com/idemkit/idem/storage/memstore"
-	"github.com/idemkit/idem/storage/redisstore"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(redistest.Wrap(m)) // stops the redis-servers the conformance suite started
-}
-
-// echoPattern translates net/http's "/items/{id}" and "/files/{rest...}".
-func echoPattern(p string) string {
-	p = regexp.MustCompile(`\{\w+\.\.\.\}`).ReplaceAllString(p, "*")
-	return regexp.MustCompile(`\{(\w+)\}`).ReplaceAllString(p, ":$1")
 }
 
 // newEcho returns an Echo that logs nothing.
@@ -50,7 +38,7 @@ func TestConformance(t *testing.T) {
 			e := newEcho()
 			e.Use(middleware.Recover(), echoidem.Middleware(m))
 			for _, rt := range routes {
-				e.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler))
+				e.Add(rt.Method, conformance.ColonPattern(rt.Pattern, "*"), echo.WrapHandler(rt.Handler))
 			}
 			return e
 		}})
@@ -60,136 +48,31 @@ func TestConformance(t *testing.T) {
 			e := newEcho()
 			e.Use(middleware.Recover())
 			for _, rt := range routes {
-				e.Add(rt.Method, echoPattern(rt.Pattern), echo.WrapHandler(rt.Handler), echoidem.Middleware(m))
+				e.Add(rt.Method, conformance.ColonPattern(rt.Pattern, "*"), echo.WrapHandler(rt.Handler), echoidem.Middleware(m))
 			}
 			return e
 		}})
 	})
 }
 
-// storeKinds are the stores every trap test runs on.
-var storeKinds = []struct {
-	name string
-	open func(t *testing.T) storage.Store
-}{
-	{"memory", func(t *testing.T) storage.Store {
-		s := memstore.New()
-		t.Cleanup(func() { s.Close() })
-		return s
-	}},
-	{"miniredis", func(t *testing.T) storage.Store {
-		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-		t.Cleanup(func() { rdb.Close() })
-		return redisstore.New(rdb)
-	}},
-}
+// opener starts a real server: newEcho, middleware.Recover, then whatever
+// setup adds, with a Middleware on a fresh store.
+type opener = conformance.Open[*echo.Echo]
 
-// env is a real server: newEcho, middleware.Recover, then whatever setup
-// adds.
-type env struct {
-	t      *testing.T
-	srv    *httptest.Server
-	events *events
-}
-
-type events struct {
-	mu  sync.Mutex
-	all []idem.Outcome
-}
-
-func (e *events) add(ev idem.Event) {
-	e.mu.Lock()
-	e.all = append(e.all, ev.Outcome)
-	e.mu.Unlock()
-}
-
-func (e *events) get() []idem.Outcome {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]idem.Outcome(nil), e.all...)
-}
-
-type opener func(setup func(*echo.Echo, *idem.Middleware)) *env
-
-// eachStore runs f on every store kind, in parallel subtests.
+// eachStore runs f on every trap-test store kind, in parallel subtests.
 func eachStore(t *testing.T, f func(t *testing.T, open opener)) {
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
-			t.Parallel()
-			f(t, func(setup func(*echo.Echo, *idem.Middleware)) *env {
-				v := &env{t: t, events: &events{}}
-				m, err := idem.New(sk.open(t), idem.WithObserver(v.events.add))
-				if err != nil {
-					t.Fatal(err)
-				}
-				e := newEcho()
-				e.Use(middleware.Recover())
-				setup(e, m)
-				v.srv = httptest.NewServer(e)
-				t.Cleanup(v.srv.Close)
-				return v
-			})
-		})
-	}
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (e *env) post(path, key, body string) reply {
-	e.t.Helper()
-	res := e.send(path, key, body)
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return reply{res.StatusCode, res.Header, string(b)}
-}
-
-func (e *env) send(path, key, body string) *http.Response {
-	e.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL+path, strings.NewReader(body))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	res, err := e.srv.Client().Do(req)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return res
-}
-
-// same requires r to be a replay of orig: status, body, Content-Type.
-func same(t *testing.T, orig, r reply) {
-	t.Helper()
-	if r.status != orig.status || r.body != orig.body || r.header.Get("Content-Type") != orig.header.Get("Content-Type") {
-		t.Fatalf("replay %d %q %q, original %d %q %q", r.status, r.header.Get("Content-Type"), r.body,
-			orig.status, orig.header.Get("Content-Type"), orig.body)
-	}
-	if r.header.Get("Idempotent-Replayed") != "true" || orig.header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("Idempotent-Replayed: original %q, replay %q", orig.header.Get("Idempotent-Replayed"), r.header.Get("Idempotent-Replayed"))
-	}
-}
-
-func want(t *testing.T, runs *atomic.Int64, n int64) {
-	t.Helper()
-	if got := runs.Load(); got != n {
-		t.Fatalf("handler ran %d times, want %d", got, n)
-	}
+	conformance.EachStore(t, func() *echo.Echo {
+		e := newEcho()
+		e.Use(middleware.Recover())
+		return e
+	}, f)
 }
 
 // A returned echo.HTTPError writes nothing until Echo's error handler runs
 // after the chain: the middleware must render it with c.Error to record it.
 func TestHTTPErrorReplayed(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
-		var runs atomic.Int64
+		var runs conformance.Runs
 		v := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.POST("/pay", func(c echo.Context) error {
 				runs.Add(1)
@@ -197,20 +80,20 @@ func TestHTTPErrorReplayed(t *testing.T) {
 				return echo.NewHTTPError(http.StatusPaymentRequired, "declined")
 			}, echoidem.Middleware(m))
 		})
-		orig := v.post("/pay", "k", "")
-		if orig.status != 402 || orig.body != "{\"message\":\"declined\"}\n" || orig.header.Get("Content-Type") != "application/json" ||
-			orig.header.Get("X-Attempt") != "1" {
+		orig := v.Post("/pay", "k", "")
+		if orig.Status != 402 || orig.Body != "{\"message\":\"declined\"}\n" || orig.Header.Get("Content-Type") != "application/json" ||
+			orig.Header.Get("X-Attempt") != "1" {
 			t.Fatalf("original: %v", orig)
 		}
 		for range 2 {
-			r := v.post("/pay", "k", "")
-			same(t, orig, r)
-			if r.header.Get("X-Attempt") != "1" {
-				t.Fatalf("replay lost a header: %v", r.header)
+			r := v.Post("/pay", "k", "")
+			conformance.SameReply(t, orig, r)
+			if r.Header.Get("X-Attempt") != "1" {
+				t.Fatalf("replay lost a header: %v", r.Header)
 			}
 		}
-		want(t, &runs, 1)
-		if got := v.events.get(); len(got) != 3 || got[0] != idem.Executed || got[2] != idem.Replayed {
+		runs.Want(t, 1)
+		if got := v.Outcomes(); len(got) != 3 || got[0] != idem.Executed || got[2] != idem.Replayed {
 			t.Fatalf("events %v", got)
 		}
 	})
@@ -220,7 +103,7 @@ func TestHTTPErrorReplayed(t *testing.T) {
 // handler again.
 func TestPlainErrorReleases(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
-		var runs atomic.Int64
+		var runs conformance.Runs
 		v := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.Use(echoidem.Middleware(m))
 			e.POST("/o", func(c echo.Context) error {
@@ -230,16 +113,16 @@ func TestPlainErrorReleases(t *testing.T) {
 				return c.String(http.StatusCreated, "created")
 			})
 		})
-		if r := v.post("/o", "k", ""); r.status != 500 || r.body != "{\"message\":\"Internal Server Error\"}\n" {
+		if r := v.Post("/o", "k", ""); r.Status != 500 || r.Body != "{\"message\":\"Internal Server Error\"}\n" {
 			t.Fatalf("first: %v", r)
 		}
-		second := v.post("/o", "k", "")
-		if second.status != 201 || second.header.Get("Idempotent-Replayed") != "" {
+		second := v.Post("/o", "k", "")
+		if second.Status != 201 || second.Header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("retry after 500 did not run the handler: %v", second)
 		}
-		same(t, second, v.post("/o", "k", ""))
-		want(t, &runs, 2)
-		if got := v.events.get(); len(got) != 3 || got[0] != idem.Released || got[1] != idem.Executed {
+		conformance.SameReply(t, second, v.Post("/o", "k", ""))
+		runs.Want(t, 2)
+		if got := v.Outcomes(); len(got) != 3 || got[0] != idem.Released || got[1] != idem.Executed {
 			t.Fatalf("events %v", got)
 		}
 	})
@@ -250,7 +133,8 @@ func TestPlainErrorReleases(t *testing.T) {
 // a replay or refusal is not followed by the handler.
 func TestNoDoubleWrite(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
-		var runs, handled atomic.Int64
+		var runs conformance.Runs
+		var handled atomic.Int64
 		v := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.HTTPErrorHandler = func(err error, c echo.Context) {
 				handled.Add(1)
@@ -262,15 +146,15 @@ func TestNoDoubleWrite(t *testing.T) {
 				return errors.New("out of stock")
 			})
 		})
-		orig := v.post("/o", "k", "")
-		if orig.status != 409 || orig.body != "custom: out of stock" {
+		orig := v.Post("/o", "k", "")
+		if orig.Status != 409 || orig.Body != "custom: out of stock" {
 			t.Fatalf("original: %v", orig)
 		}
-		same(t, orig, v.post("/o", "k", ""))
-		if r := v.post("/o", "k", "other"); r.status != 422 || strings.Contains(r.body, "custom") {
+		conformance.SameReply(t, orig, v.Post("/o", "k", ""))
+		if r := v.Post("/o", "k", "other"); r.Status != 422 || strings.Contains(r.Body, "custom") {
 			t.Fatalf("mismatch: %v", r)
 		}
-		want(t, &runs, 1)
+		runs.Want(t, 1)
 		if handled.Load() != 1 {
 			t.Fatalf("the error handler ran %d times, want 1", handled.Load())
 		}
@@ -282,7 +166,7 @@ func TestNoDoubleWrite(t *testing.T) {
 func TestResponseFlush(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
 		proceed := make(chan struct{})
-		var runs atomic.Int64
+		var runs conformance.Runs
 		v := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.POST("/o", func(c echo.Context) error {
 				runs.Add(1)
@@ -291,29 +175,13 @@ func TestResponseFlush(t *testing.T) {
 				res.WriteHeader(http.StatusAccepted)
 				io.WriteString(res, "first;")
 				res.Flush()
-				select {
-				case <-proceed:
-				case <-time.After(10 * time.Second):
-					t.Error("the client never saw the flushed chunk")
-				}
+				conformance.WaitOrTimeout(t, proceed, "the client never saw the flushed chunk")
 				io.WriteString(res, "second")
 				return nil
 			}, echoidem.Middleware(m))
 		})
-		res := v.send("/o", "k", "")
-		defer res.Body.Close()
-		head := make([]byte, len("first;"))
-		if _, err := io.ReadFull(res.Body, head); err != nil || string(head) != "first;" {
-			t.Fatalf("first chunk %q: %v", head, err)
-		}
-		close(proceed)
-		rest, _ := io.ReadAll(res.Body)
-		orig := reply{res.StatusCode, res.Header, string(head) + string(rest)}
-		if orig.status != 202 || orig.body != "first;second" {
-			t.Fatalf("original: %v", orig)
-		}
-		same(t, orig, v.post("/o", "k", ""))
-		want(t, &runs, 1)
+		orig := v.PostStreamed("/o", "k", "first;", proceed)
+		v.WantReplayed(orig, 202, "first;second", "/o", "k", &runs)
 	})
 }
 
@@ -323,7 +191,7 @@ func TestResponseFlush(t *testing.T) {
 // Group.Use registers so that group middleware runs.
 func TestUnmatchedRouteNotStored(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
-		var runs atomic.Int64
+		var runs conformance.Runs
 		global := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.Use(echoidem.Middleware(m))
 			e.GET("/only-get", func(c echo.Context) error { return nil })
@@ -334,33 +202,33 @@ func TestUnmatchedRouteNotStored(t *testing.T) {
 			g.POST("/o", func(c echo.Context) error { runs.Add(1); return c.String(http.StatusCreated, "made") })
 		})
 		cases := []struct {
-			v      *env
+			v      *conformance.Server
 			path   string
 			status int
 		}{{global, "/nope", 404}, {global, "/only-get", 405}, {global, "/missing/x", 404}, {group, "/api/typo", 404}, {group, "/api", 404}}
 		for range 2 {
 			for _, tc := range cases {
-				if r := tc.v.post(tc.path, "k", ""); r.status != tc.status || r.header.Get("Idempotent-Replayed") != "" {
+				if r := tc.v.Post(tc.path, "k", ""); r.Status != tc.status || r.Header.Get("Idempotent-Replayed") != "" {
 					t.Fatalf("%s: %v", tc.path, r)
 				}
 			}
 		}
-		if got := append(global.events.get(), group.events.get()...); len(got) != 0 {
+		if got := append(global.Outcomes(), group.Outcomes()...); len(got) != 0 {
 			t.Fatalf("unmatched routes reached the middleware's protocol: %v", got)
 		}
 		// The group's own route is protected.
-		group.post("/api/o", "k", "")
-		if r := group.post("/api/o", "k", ""); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
+		group.Post("/api/o", "k", "")
+		if r := group.Post("/api/o", "k", ""); r.Status != 201 || r.Header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("group route: %v", r)
 		}
-		want(t, &runs, 1)
+		runs.Want(t, 1)
 	})
 }
 
 // A request the Skipper skips bypasses the middleware.
 func TestSkipper(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
-		var runs atomic.Int64
+		var runs conformance.Runs
 		v := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.Use(echoidem.MiddlewareWithConfig(echoidem.Config{
 				Middleware: m,
@@ -371,16 +239,16 @@ func TestSkipper(t *testing.T) {
 			e.POST("/public", h)
 		})
 		for range 2 {
-			if r := v.post("/internal", "k", ""); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+			if r := v.Post("/internal", "k", ""); r.Status != 201 || r.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatalf("skipped route: %v", r)
 			}
 		}
-		want(t, &runs, 2)
-		v.post("/public", "k", "")
-		if r := v.post("/public", "k", ""); r.header.Get("Idempotent-Replayed") != "true" {
+		runs.Want(t, 2)
+		v.Post("/public", "k", "")
+		if r := v.Post("/public", "k", ""); r.Header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("route not skipped: %v", r)
 		}
-		if got := v.events.get(); len(got) != 2 {
+		if got := v.Outcomes(); len(got) != 2 {
 			t.Fatalf("events %v", got)
 		}
 	})
@@ -394,7 +262,7 @@ func TestOuterMiddlewareSeesFinalStatus(t *testing.T) {
 	eachStore(t, func(t *testing.T, open opener) {
 		var mu sync.Mutex
 		var logged []int
-		var runs atomic.Int64
+		var runs conformance.Runs
 		v := open(func(e *echo.Echo, m *idem.Middleware) {
 			e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 				return func(c echo.Context) error {
@@ -425,14 +293,14 @@ func TestOuterMiddlewareSeesFinalStatus(t *testing.T) {
 			if want == 422 {
 				body = "other"
 			}
-			if r := v.post("/o", "k", body); r.status != want {
+			if r := v.Post("/o", "k", body); r.Status != want {
 				t.Fatalf("got %v, want status %d", r, want)
 			}
 		}
-		want(t, &runs, 2)
+		runs.Want(t, 2)
 		mu.Lock()
 		defer mu.Unlock()
-		if want := []int{500, 402, 402, 422}; len(logged) != 4 || logged[0] != want[0] || logged[1] != want[1] || logged[2] != want[2] || logged[3] != want[3] {
+		if want := []int{500, 402, 402, 422}; !slices.Equal(logged, want) {
 			t.Fatalf("logged %v, want %v", logged, want)
 		}
 	})
@@ -441,12 +309,7 @@ func TestOuterMiddlewareSeesFinalStatus(t *testing.T) {
 // The Response the handler sees keeps Echo's semantics on a recorder:
 // WriteHeader commits at once (first wins), Flush does not panic.
 func TestResponseOnRecorder(t *testing.T) {
-	store := memstore.New()
-	defer store.Close()
-	m, err := idem.New(store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := conformance.NewMiddleware(t)
 	e := newEcho()
 	e.POST("/o", func(c echo.Context) error {
 		res := c.Response()

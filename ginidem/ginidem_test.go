@@ -1,27 +1,20 @@
 package ginidem_test
 
 import (
-	"bufio"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/conformance"
 	"github.com/idemkit/idem/internal/redistest"
-	"github.com/idemkit/idem/storage"
-	"github.com/idemkit/idem/storage/memstore"
-	"github.com/idemkit/idem/storage/redisstore"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -31,19 +24,13 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(redistest.Wrap(m)) // stops the redis-servers the conformance suite started
 }
 
-// ginPattern translates net/http's "/items/{id}" and "/files/{rest...}".
-func ginPattern(p string) string {
-	p = regexp.MustCompile(`\{(\w+)\.\.\.\}`).ReplaceAllString(p, "*$1")
-	return regexp.MustCompile(`\{(\w+)\}`).ReplaceAllString(p, ":$1")
-}
-
 func TestConformance(t *testing.T) {
 	t.Run("global", func(t *testing.T) {
 		conformance.Run(t, conformance.Adapter{Name: "gin", Mount: func(m *idem.Middleware, routes ...conformance.Route) http.Handler {
 			r := gin.New()
 			r.Use(gin.Recovery(), ginidem.Middleware(m))
 			for _, rt := range routes {
-				r.Handle(rt.Method, ginPattern(rt.Pattern), gin.WrapH(rt.Handler))
+				r.Handle(rt.Method, conformance.ColonPattern(rt.Pattern, "*$1"), gin.WrapH(rt.Handler))
 			}
 			return r
 		}})
@@ -53,126 +40,24 @@ func TestConformance(t *testing.T) {
 			r := gin.New()
 			r.Use(gin.Recovery())
 			for _, rt := range routes {
-				r.Handle(rt.Method, ginPattern(rt.Pattern), ginidem.Middleware(m), gin.WrapH(rt.Handler))
+				r.Handle(rt.Method, conformance.ColonPattern(rt.Pattern, "*$1"), ginidem.Middleware(m), gin.WrapH(rt.Handler))
 			}
 			return r
 		}})
 	})
 }
 
-// storeKinds are the stores every trap test runs on.
-var storeKinds = []struct {
-	name string
-	open func(t *testing.T) storage.Store
-}{
-	{"memory", func(t *testing.T) storage.Store {
-		s := memstore.New()
-		t.Cleanup(func() { s.Close() })
-		return s
-	}},
-	{"miniredis", func(t *testing.T) storage.Store {
-		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-		t.Cleanup(func() { rdb.Close() })
-		return redisstore.New(rdb)
-	}},
-}
+// opener starts a real server: gin.New, gin.Recovery, then whatever setup
+// adds, with a Middleware on a fresh store.
+type opener = conformance.Open[*gin.Engine]
 
-// env is a real server: gin.New, gin.Recovery, then whatever setup adds.
-type env struct {
-	t      *testing.T
-	srv    *httptest.Server
-	events *events
-}
-
-type events struct {
-	mu  sync.Mutex
-	all []idem.Outcome
-}
-
-func (e *events) add(ev idem.Event) {
-	e.mu.Lock()
-	e.all = append(e.all, ev.Outcome)
-	e.mu.Unlock()
-}
-
-func (e *events) get() []idem.Outcome {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]idem.Outcome(nil), e.all...)
-}
-
-// eachStore runs f on every store kind, in parallel subtests.
-func eachStore(t *testing.T, f func(t *testing.T, open func(setup func(*gin.Engine, *idem.Middleware)) *env)) {
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
-			t.Parallel()
-			f(t, func(setup func(*gin.Engine, *idem.Middleware)) *env {
-				e := &env{t: t, events: &events{}}
-				m, err := idem.New(sk.open(t), idem.WithObserver(e.events.add))
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := gin.New()
-				r.Use(gin.Recovery())
-				setup(r, m)
-				e.srv = httptest.NewServer(r)
-				t.Cleanup(e.srv.Close)
-				return e
-			})
-		})
-	}
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (e *env) post(path, key, body string) reply {
-	e.t.Helper()
-	res := e.send(path, key, body)
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return reply{res.StatusCode, res.Header, string(b)}
-}
-
-func (e *env) send(path, key, body string) *http.Response {
-	e.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL+path, strings.NewReader(body))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	res, err := e.srv.Client().Do(req)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return res
-}
-
-// same requires r to be a replay of orig: status, body, Content-Type.
-func same(t *testing.T, orig, r reply) {
-	t.Helper()
-	if r.status != orig.status || r.body != orig.body || r.header.Get("Content-Type") != orig.header.Get("Content-Type") {
-		t.Fatalf("replay %d %q %q, original %d %q %q", r.status, r.header.Get("Content-Type"), r.body,
-			orig.status, orig.header.Get("Content-Type"), orig.body)
-	}
-	if r.header.Get("Idempotent-Replayed") != "true" || orig.header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("Idempotent-Replayed: original %q, replay %q", orig.header.Get("Idempotent-Replayed"), r.header.Get("Idempotent-Replayed"))
-	}
-}
-
-func want(t *testing.T, runs *atomic.Int64, n int64) {
-	t.Helper()
-	if got := runs.Load(); got != n {
-		t.Fatalf("handler ran %d times, want %d", got, n)
-	}
+// eachStore runs f on every trap-test store kind, in parallel subtests.
+func eachStore(t *testing.T, f func(t *testing.T, open opener)) {
+	conformance.EachStore(t, func() *gin.Engine {
+		r := gin.New()
+		r.Use(gin.Recovery())
+		return r
+	}, f)
 }
 
 // handlerCase is one Gin handler whose response the first client and the
@@ -189,18 +74,18 @@ func runCases(t *testing.T, cases []handlerCase) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
-				var runs atomic.Int64
+			eachStore(t, func(t *testing.T, open opener) {
+				var runs conformance.Runs
 				e := open(func(r *gin.Engine, m *idem.Middleware) {
 					r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) { runs.Add(1); tc.handler(c) })
 				})
-				orig := e.post("/o", "k", "")
-				if orig.status != tc.status || orig.body != tc.body || orig.header.Get("Content-Type") != tc.contentType {
-					t.Fatalf("original: %d %q %q, want %d %q %q", orig.status, orig.header.Get("Content-Type"), orig.body,
+				orig := e.Post("/o", "k", "")
+				if orig.Status != tc.status || orig.Body != tc.body || orig.Header.Get("Content-Type") != tc.contentType {
+					t.Fatalf("original: %d %q %q, want %d %q %q", orig.Status, orig.Header.Get("Content-Type"), orig.Body,
 						tc.status, tc.contentType, tc.body)
 				}
-				same(t, orig, e.post("/o", "k", ""))
-				want(t, &runs, 1)
+				conformance.SameReply(t, orig, e.Post("/o", "k", ""))
+				runs.Want(t, 1)
 			})
 		})
 	}
@@ -272,8 +157,9 @@ func TestJSON402Replayed(t *testing.T) {
 // After a replay or a refusal the middleware must c.Abort, or Gin runs the
 // rest of the chain and the handler writes a second body.
 func TestNoHandlerAfterReplayOrRefusal(t *testing.T) {
-	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
-		var runs, slow, after atomic.Int64
+	eachStore(t, func(t *testing.T, open opener) {
+		var runs conformance.Runs
+		var slow, after atomic.Int64
 		gate := make(chan struct{})
 		entered := make(chan struct{}, 1)
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
@@ -287,27 +173,27 @@ func TestNoHandlerAfterReplayOrRefusal(t *testing.T) {
 				c.String(http.StatusCreated, "order %d", runs.Load())
 			}, func(c *gin.Context) { after.Add(1) })
 		})
-		orig := e.post("/o", "k", "a")
-		if orig.status != 201 || orig.body != "order 1" {
+		orig := e.Post("/o", "k", "a")
+		if orig.Status != 201 || orig.Body != "order 1" {
 			t.Fatalf("original: %v", orig)
 		}
 		for range 2 {
-			same(t, orig, e.post("/o", "k", "a"))
+			conformance.SameReply(t, orig, e.Post("/o", "k", "a"))
 		}
-		if r := e.post("/o", "k", "different"); r.status != 422 || strings.Contains(r.body, "order") {
+		if r := e.Post("/o", "k", "different"); r.Status != 422 || strings.Contains(r.Body, "order") {
 			t.Fatalf("mismatch: %v", r)
 		}
-		done := make(chan reply)
-		go func() { done <- e.post("/o?slow=1", "k2", "") }()
+		done := make(chan conformance.Reply)
+		go func() { done <- e.Post("/o?slow=1", "k2", "") }()
 		<-entered
-		if r := e.post("/o?slow=1", "k2", ""); r.status != 409 || strings.Contains(r.body, "order") {
+		if r := e.Post("/o?slow=1", "k2", ""); r.Status != 409 || strings.Contains(r.Body, "order") {
 			t.Fatalf("conflict: %v", r)
 		}
 		close(gate)
-		if r := <-done; r.status != 201 {
+		if r := <-done; r.Status != 201 {
 			t.Fatalf("slow first: %v", r)
 		}
-		want(t, &runs, 2)
+		runs.Want(t, 2)
 		if after.Load() != 2 {
 			t.Fatalf("the handler after ran %d times, want 2 (only for executions)", after.Load())
 		}
@@ -317,21 +203,21 @@ func TestNoHandlerAfterReplayOrRefusal(t *testing.T) {
 // Gin runs global middleware for unmatched routes with FullPath() == "" and
 // writes its 404 (or 405) after them: nothing may be stored.
 func TestUnmatchedRouteNotStored(t *testing.T) {
-	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+	eachStore(t, func(t *testing.T, open opener) {
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
 			r.HandleMethodNotAllowed = true
 			r.Use(ginidem.Middleware(m))
 			r.GET("/only-get", func(c *gin.Context) {})
 		})
 		for range 2 {
-			if r := e.post("/nope", "k", ""); r.status != 404 || r.body != "404 page not found" || r.header.Get("Idempotent-Replayed") != "" {
+			if r := e.Post("/nope", "k", ""); r.Status != 404 || r.Body != "404 page not found" || r.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatalf("unmatched route: %v", r)
 			}
-			if r := e.post("/only-get", "k", ""); r.status != 405 || r.header.Get("Idempotent-Replayed") != "" {
+			if r := e.Post("/only-get", "k", ""); r.Status != 405 || r.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatalf("method not allowed: %v", r)
 			}
 		}
-		if got := e.events.get(); len(got) != 0 {
+		if got := e.Outcomes(); len(got) != 0 {
 			t.Fatalf("unmatched routes reached the middleware's protocol: %v", got)
 		}
 	})
@@ -341,9 +227,9 @@ func TestUnmatchedRouteNotStored(t *testing.T) {
 // (it needs the writer's Flush/FlushError and Unwrap), and the streamed
 // response must still be replayed.
 func TestResponseControllerFlush(t *testing.T) {
-	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+	eachStore(t, func(t *testing.T, open opener) {
 		proceed := make(chan struct{})
-		var runs atomic.Int64
+		var runs conformance.Runs
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
 			r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
 				runs.Add(1)
@@ -353,33 +239,21 @@ func TestResponseControllerFlush(t *testing.T) {
 				if err := http.NewResponseController(c.Writer).Flush(); err != nil {
 					t.Errorf("ResponseController.Flush: %v", err)
 				}
-				waitOrTimeout(t, proceed, "the client never saw the flushed chunk")
+				conformance.WaitOrTimeout(t, proceed, "the client never saw the flushed chunk")
 				c.Writer.WriteString("second")
 			})
 		})
-		res := e.send("/o", "k", "")
-		defer res.Body.Close()
-		head := make([]byte, len("first;"))
-		if _, err := io.ReadFull(res.Body, head); err != nil || string(head) != "first;" {
-			t.Fatalf("first chunk %q: %v", head, err)
-		}
-		close(proceed)
-		rest, _ := io.ReadAll(res.Body)
-		orig := reply{res.StatusCode, res.Header, string(head) + string(rest)}
-		if orig.status != 202 || orig.body != "first;second" {
-			t.Fatalf("original: %v", orig)
-		}
-		same(t, orig, e.post("/o", "k", ""))
-		want(t, &runs, 1)
+		orig := e.PostStreamed("/o", "k", "first;", proceed)
+		e.WantReplayed(orig, 202, "first;second", "/o", "k", &runs)
 	})
 }
 
 // c.Stream and c.SSEvent flush every event to the client and use
 // CloseNotify.
 func TestStreamSSE(t *testing.T) {
-	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+	eachStore(t, func(t *testing.T, open opener) {
 		proceed := make(chan struct{})
-		var runs atomic.Int64
+		var runs conformance.Runs
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
 			r.POST("/events", ginidem.Middleware(m), func(c *gin.Context) {
 				runs.Add(1)
@@ -387,47 +261,26 @@ func TestStreamSSE(t *testing.T) {
 				c.Stream(func(w io.Writer) bool { // Stream flushes after each step
 					i++
 					if i == 2 {
-						waitOrTimeout(t, proceed, "the client never saw the first event")
+						conformance.WaitOrTimeout(t, proceed, "the client never saw the first event")
 					}
 					c.SSEvent("tick", i)
 					return i < 3
 				})
 			})
 		})
-		res := e.send("/events", "k", "")
-		defer res.Body.Close()
-		br := bufio.NewReader(res.Body)
-		var first string
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				t.Fatalf("reading the first event: %v", err)
-			}
-			first += line
-			if line == "\n" {
-				break
-			}
+		orig := e.PostStreamed("/events", "k", "event:tick\ndata:1\n\n", proceed)
+		if ct := orig.Header.Get("Content-Type"); ct != "text/event-stream;charset=utf-8" {
+			t.Fatalf("original Content-Type %q", ct)
 		}
-		if first != "event:tick\ndata:1\n\n" {
-			t.Fatalf("first event %q", first)
-		}
-		close(proceed)
-		rest, _ := io.ReadAll(br)
-		orig := reply{res.StatusCode, res.Header, first + string(rest)}
-		if orig.status != 200 || orig.body != "event:tick\ndata:1\n\nevent:tick\ndata:2\n\nevent:tick\ndata:3\n\n" ||
-			orig.header.Get("Content-Type") != "text/event-stream;charset=utf-8" {
-			t.Fatalf("original: %v", orig)
-		}
-		same(t, orig, e.post("/events", "k", ""))
-		want(t, &runs, 1)
+		e.WantReplayed(orig, 200, "event:tick\ndata:1\n\nevent:tick\ndata:2\n\nevent:tick\ndata:3\n\n", "/events", "k", &runs)
 	})
 }
 
 // A hijacked connection cannot be replayed: the retry gets 409 and the
 // handler does not run again.
 func TestHijack(t *testing.T) {
-	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
-		var runs atomic.Int64
+	eachStore(t, func(t *testing.T, open opener) {
+		var runs conformance.Runs
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
 			r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
 				runs.Add(1)
@@ -441,20 +294,24 @@ func TestHijack(t *testing.T) {
 				rw.Flush()
 			})
 		})
-		if r := e.post("/o", "k", ""); r.status != 200 || r.body != "hi" {
+		if r := e.Post("/o", "k", ""); r.Status != 200 || r.Body != "hi" {
 			t.Fatalf("hijacked: %v", r)
 		}
-		if r := e.post("/o", "k", ""); r.status != 409 || !strings.Contains(r.body, "ErrNotReplayable") {
+		// The handler answered before the middleware stored its record.
+		if got := e.WaitOutcomes(1); got[0] != idem.NotReplayable {
+			t.Fatalf("events %v", got)
+		}
+		if r := e.Post("/o", "k", ""); r.Status != 409 || !strings.Contains(r.Body, "ErrNotReplayable") {
 			t.Fatalf("retry after hijack: %v", r)
 		}
-		want(t, &runs, 1)
+		runs.Want(t, 1)
 	})
 }
 
 // Outer middleware (a logger) sees the final status, replays and refusals
 // included, and gets its own c.Writer back, even after a panic.
 func TestOuterMiddlewareSeesFinalStatus(t *testing.T) {
-	eachStore(t, func(t *testing.T, open func(func(*gin.Engine, *idem.Middleware)) *env) {
+	eachStore(t, func(t *testing.T, open opener) {
 		var mu sync.Mutex
 		var logged []int
 		e := open(func(r *gin.Engine, m *idem.Middleware) {
@@ -477,40 +334,23 @@ func TestOuterMiddlewareSeesFinalStatus(t *testing.T) {
 				c.Status(http.StatusCreated) // bodyless: Gin sends it after the chain
 			})
 		})
-		e.post("/o", "k", "")
-		e.post("/o", "k", "")
-		e.post("/o", "k", "other body")
-		e.post("/o?panic=1", "k2", "")
+		e.Post("/o", "k", "")
+		e.Post("/o", "k", "")
+		e.Post("/o", "k", "other body")
+		e.Post("/o?panic=1", "k2", "")
 		mu.Lock()
 		defer mu.Unlock()
 		// The panic passes the logger before gin.Recovery writes the 500.
-		if want := []int{201, 201, 422, 200}; !equalInts(logged, want) {
+		if want := []int{201, 201, 422, 200}; !slices.Equal(logged, want) {
 			t.Fatalf("logged %v, want %v", logged, want)
 		}
 	})
 }
 
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // The writer is a complete gin.ResponseWriter: none of its methods panics
 // on an httptest.ResponseRecorder (Gin's own CloseNotify and Hijack do).
 func TestWriterOnRecorder(t *testing.T) {
-	store := memstore.New()
-	defer store.Close()
-	m, err := idem.New(store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := conformance.NewMiddleware(t)
 	r := gin.New()
 	r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
 		w := c.Writer
@@ -561,13 +401,5 @@ func TestWriterOnRecorder(t *testing.T) {
 		if path == "/w" && (rec.Code != 201 || rec.Body.String() != "abcd" || !rec.Flushed) {
 			t.Errorf("%s: %d %q flushed=%v", path, rec.Code, rec.Body, rec.Flushed)
 		}
-	}
-}
-
-func waitOrTimeout(t *testing.T, c <-chan struct{}, msg string) {
-	select {
-	case <-c:
-	case <-time.After(10 * time.Second):
-		t.Error(msg)
 	}
 }
