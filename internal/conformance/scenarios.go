@@ -460,6 +460,81 @@ var scenarios = []scenario{
 		}
 		c.want(t, 2)
 	}},
+	{"SlowBodyHoldsNoLease", func(t *testing.T, s *suite) {
+		// A client stalls halfway through its body: the key is not locked
+		// while the body is read, so the same key from another connection
+		// runs at once, and the slow request, once complete, replays it.
+		var c counter
+		reading := make(chan struct{})
+		var once sync.Once
+		watch := func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Slow") != "" {
+					r.Body = &readHook{ReadCloser: r.Body, hook: func() { once.Do(func() { close(reading) }) }}
+				}
+				h.ServeHTTP(w, r)
+			})
+		}
+		e := s.wrappedEnv(watch, []Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(w, "run %d: %s", c.n.Load(), b)
+		})}})
+		pr, pw := io.Pipe()
+		defer pw.CloseWithError(errors.New("scenario over")) // before the server's Close waits for it
+		slow := make(chan *http.Response, 1)
+		go func() {
+			r, _ := http.NewRequest("POST", e.srv.URL+"/o", pr)
+			r.Header.Set("Idempotency-Key", "k")
+			r.Header.Set("X-Slow", "1")
+			res, err := e.srv.Client().Do(r)
+			if err != nil {
+				res = nil
+			}
+			slow <- res
+		}()
+		io.WriteString(pw, "first half, ")
+		<-reading
+		if n := e.spy.acquires.Load(); n != 0 {
+			t.Fatalf("%d acquires before the body was read", n)
+		}
+		fast := e.post("/o", "k", "first half, second half")
+		if fast.status != 200 || string(fast.body) != "run 1: first half, second half" {
+			t.Fatalf("the same key while another client stalls in its body: %v, want it to run", fast)
+		}
+		io.WriteString(pw, "second half")
+		pw.Close()
+		res := <-slow
+		if res == nil {
+			t.Fatal("the slow request failed")
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 200 || !bytes.Equal(b, fast.body) || res.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("the slow request: %d %q, want the replay of %q", res.StatusCode, b, fast.body)
+		}
+		c.want(t, 1)
+	}},
+	{"HostileKeysDistinct", func(t *testing.T, s *suite) {
+		// Keys made of Redis's special characters (hash tags, ':', globs),
+		// spaces, and 255 bytes each get a record of their own.
+		var c counter
+		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {
+			info, _ := idem.FromContext(r.Context())
+			io.WriteString(w, info.Key)
+		})}}, idem.WithoutFingerprint())
+		keys := []string{"{a}", "{a}:b", "a:{b}", "{", "}", ":", "a:b", "*", "a*", "idem:*", "conf:*", "?", "a b", " a ",
+			strings.Repeat("k", 255), strings.Repeat("k", 254) + "K", strings.Repeat("{", 255), strings.Repeat("*", 255)}
+		for pass := range 2 {
+			for _, k := range keys {
+				sent := `"` + k + `"` // the RFC 8941 form keeps the spaces that a bare value loses
+				r := e.post("/o", sent, "")
+				if r.status != 200 || string(r.body) != k || (r.header.Get("Idempotent-Replayed") == "true") != (pass == 1) {
+					t.Fatalf("pass %d, key %q: %v", pass, k, r)
+				}
+			}
+		}
+		c.want(t, int64(len(keys)))
+	}},
 	{"HandlerWritesNothing", func(t *testing.T, s *suite) {
 		var c counter
 		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {})}})
@@ -470,4 +545,15 @@ var scenarios = []scenario{
 		sameResponse(t, orig, e.post("/o", "k", ""))
 		c.want(t, 1)
 	}},
+}
+
+// readHook calls hook before each Read.
+type readHook struct {
+	io.ReadCloser
+	hook func()
+}
+
+func (r *readHook) Read(p []byte) (int, error) {
+	r.hook()
+	return r.ReadCloser.Read(p)
 }

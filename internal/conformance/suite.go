@@ -54,6 +54,13 @@ type env struct {
 }
 
 func (s *suite) env(routes []Route, opts ...idem.Option) *env {
+	return s.wrappedEnv(nil, routes, opts...)
+}
+
+// wrappedEnv is env with the framework's handler wrapped by wrap, when not
+// nil: a plain net/http handler in front of the framework, to watch the
+// request as the server hands it over.
+func (s *suite) wrappedEnv(wrap func(http.Handler) http.Handler, routes []Route, opts ...idem.Option) *env {
 	t := s.t
 	store, advance := s.sk.open(t)
 	e := &env{t: t, spy: &spy{Store: store, acquired: make(chan struct{}, 64)}, ev: &events{}, advance: advance}
@@ -61,7 +68,11 @@ func (s *suite) env(routes []Route, opts ...idem.Option) *env {
 	if err != nil {
 		t.Fatalf("idem.New: %v", err)
 	}
-	e.srv = httptest.NewServer(s.a.Mount(m, routes...))
+	h := s.a.Mount(m, routes...)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	e.srv = httptest.NewServer(h)
 	t.Cleanup(e.srv.Close)
 	return e
 }
