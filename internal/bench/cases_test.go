@@ -2,6 +2,7 @@ package bench
 
 import (
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idem/response"
@@ -29,7 +30,7 @@ var cases = []benchCase{
 	{name: "first", prepare: first},
 	{name: "replay", prepare: func(tb testing.TB, s *setup) (func(), func() bool) {
 		c := newClient(s.h, http.MethodPost)
-		c.setKey(1)
+		c.setKey(keySeq.Add(1))
 		if c.send(); c.w.status != http.StatusCreated {
 			tb.Fatalf("replay: the first request got %d", c.w.status)
 		}
@@ -37,7 +38,7 @@ var cases = []benchCase{
 	}},
 	{name: "conflict", prepare: func(tb testing.TB, s *setup) (func(), func() bool) {
 		c := newClient(s.h, http.MethodPost)
-		c.setKey(2)
+		c.setKey(keySeq.Add(1))
 		tb.Cleanup(s.hold(tb, c.r.Header.Get("Idempotency-Key")))
 		return c.send, func() bool { return c.w.status == http.StatusConflict }
 	}},
@@ -47,14 +48,16 @@ var cases = []benchCase{
 // first sends every request with a new key: each is a first execution.
 func first(tb testing.TB, s *setup) (func(), func() bool) {
 	c := newClient(s.h, http.MethodPost)
-	n := uint64(1000)
 	send := func() {
-		n++
-		c.setKey(n)
+		c.setKey(keySeq.Add(1))
 		c.send()
 	}
 	return send, func() bool { return c.w.status == http.StatusCreated && !c.replayed() }
 }
+
+// keySeq numbers the keys of the whole test binary, so that no two
+// benchmark runs (-count) or tests on one store share a key.
+var keySeq atomic.Uint64
 
 func (c *client) replayed() bool { return c.w.h.Get(response.ReplayedHeader) == "true" }
 
