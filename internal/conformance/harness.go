@@ -18,6 +18,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -51,7 +52,7 @@ type storeKind struct {
 
 var storeKinds = []storeKind{
 	{"memory", func(t *testing.T) (storage.Store, func(time.Duration)) {
-		clk := &clock{now: time.Now()}
+		clk := testclock.New(time.Now())
 		s := memstore.New(memstore.WithClock(clk.Now))
 		t.Cleanup(func() { s.Close() })
 		return s, clk.Advance
@@ -121,23 +122,6 @@ else
 end
 return 1
 `)
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func randomHex(n int) string {
 	b := make([]byte, n)
