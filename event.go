@@ -29,8 +29,9 @@ const (
 	// store access. Err says why.
 	Rejected
 	// StoreError: the store failed. Before the handler this means 503 (or
-	// 500 for a corrupt record); after it, the response was sent but not
-	// stored or released, and the key frees itself when its lease ends.
+	// 500 for a corrupt record); after it, the response was sent but could
+	// not be stored or released even by the retries of the following lease,
+	// and the key frees itself when its lease ends.
 	StoreError
 	// FailedOpen: the store failed and WithFailOpen ran the handler
 	// unprotected.

@@ -345,7 +345,10 @@ func (x *exchange) finish(ctx context.Context, cw *response.Capture, skey, owner
 	switch {
 	case !cw.Hijacked() && !m.cfg.cacheable(status):
 		outcome = Released
-		err = m.store.Release(ctx, skey, owner)
+		if err = m.store.Release(ctx, skey, owner); retryable(err) {
+			x.finishLater(outcome, status, err, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
+			return
+		}
 	default:
 		outcome = Executed
 		if !ok {
@@ -356,18 +359,17 @@ func (x *exchange) finish(ctx context.Context, cw *response.Capture, skey, owner
 		b, encErr := rec.AppendBinary((*buf)[:0])
 		if encErr != nil {
 			err = encErr
-		} else {
-			err = m.store.Complete(ctx, skey, owner, b, m.cfg.ttl)
+		} else if err = m.store.Complete(ctx, skey, owner, b, m.cfg.ttl); retryable(err) {
+			kept := bytes.Clone(b)
+			x.finishLater(outcome, status, err, func(ctx context.Context) error { return m.store.Complete(ctx, skey, owner, kept, m.cfg.ttl) })
+			*buf = b
+			putBuf(buf)
+			return
 		}
 		*buf = b
 		putBuf(buf)
 	}
-	switch {
-	case errors.Is(err, storage.ErrNotOwner):
-		outcome, err = LeaseLost, fmt.Errorf("%w: %w", ErrLeaseLost, err)
-	case err != nil:
-		outcome = StoreError
-	}
+	outcome, err = finishOutcome(outcome, err)
 	x.emit(outcome, status, err)
 }
 

@@ -24,6 +24,7 @@ type hookStore struct {
 	storage.Store
 	acquire  func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error)
 	complete func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error
+	release  func(ctx context.Context, key, owner string) error
 	extended chan time.Duration // gets each successful Extend's lease, if not nil
 }
 
@@ -39,6 +40,13 @@ func (s *hookStore) Complete(ctx context.Context, key, owner string, rec []byte,
 		return s.complete(ctx, key, owner, rec, ttl)
 	}
 	return s.Store.Complete(ctx, key, owner, rec, ttl)
+}
+
+func (s *hookStore) Release(ctx context.Context, key, owner string) error {
+	if s.release != nil {
+		return s.release(ctx, key, owner)
+	}
+	return s.Store.Release(ctx, key, owner)
 }
 
 func (s *hookStore) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
@@ -146,14 +154,19 @@ func TestCorruptRecordNotReexecuted(t *testing.T) {
 	}
 }
 
-// TestCompleteFailureReported: when the store fails after the handler, the
-// client still gets the handler's response and the observer is told.
+// TestCompleteFailureReported: when the store keeps failing after the
+// handler, the client still gets the handler's response, the middleware
+// retries for one lease, then tells the observer.
 func TestCompleteFailureReported(t *testing.T) {
 	mem, _ := newMemStore(t)
 	down := errors.New("store went away")
-	store := &hookStore{Store: mem, complete: func(context.Context, string, string, []byte, time.Duration) error { return down }}
-	var got idem.Event
-	m, err := idem.New(store, idem.WithObserver(func(e idem.Event) { got = e }))
+	var attempts atomic.Int32
+	store := &hookStore{Store: mem, complete: func(context.Context, string, string, []byte, time.Duration) error {
+		attempts.Add(1)
+		return down
+	}}
+	events := make(chan idem.Event, 1)
+	m, err := idem.New(store, idem.WithLease(100*time.Millisecond), idem.WithObserver(func(e idem.Event) { events <- e }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +177,77 @@ func TestCompleteFailureReported(t *testing.T) {
 	if w := serve(h, "k", ""); w.Code != http.StatusCreated || w.Body.String() != "made" {
 		t.Fatalf("client got %d %q", w.Code, w.Body)
 	}
+	got := <-events
 	if got.Outcome != idem.StoreError || !errors.Is(got.Err, down) || got.Status != http.StatusCreated {
 		t.Fatalf("event %+v", got)
+	}
+	if n := attempts.Load(); n < 3 {
+		t.Fatalf("Complete tried %d times within the lease, want a few", n)
+	}
+}
+
+// TestCompleteRetriedAfterStoreFailure: a store that fails for a moment
+// after the handler (a Redis blip shorter than the lease) still gets the
+// record, so a retry replays instead of running the handler again.
+func TestCompleteRetriedAfterStoreFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		release bool // the response is not cacheable: Release is retried
+	}{{"complete", false}, {"release", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, _ := newMemStore(t)
+			down := errors.New("blip")
+			var fails atomic.Int32
+			fails.Store(2)
+			store := &hookStore{Store: mem}
+			store.complete = func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
+				if fails.Add(-1) >= 0 {
+					return down
+				}
+				return mem.Complete(ctx, key, owner, rec, ttl)
+			}
+			store.release = func(ctx context.Context, key, owner string) error {
+				if fails.Add(-1) >= 0 {
+					return down
+				}
+				return mem.Release(ctx, key, owner)
+			}
+			events := make(chan idem.Event, 4)
+			m, err := idem.New(store, idem.WithObserver(func(e idem.Event) { events <- e }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var runs atomic.Int32
+			h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := runs.Add(1)
+				if tc.release && n == 1 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "made")
+			}))
+			first := serve(h, "k", "")
+			ev := <-events // once the retries succeeded
+			want := idem.Executed
+			if tc.release {
+				want = idem.Released
+			}
+			if ev.Outcome != want || ev.Err != nil {
+				t.Fatalf("event %+v, want %v", ev, want)
+			}
+			retry := serve(h, "k", "")
+			if tc.release {
+				// Released: the retry runs the handler again.
+				if first.Code != 503 || retry.Code != 201 || runs.Load() != 2 {
+					t.Fatalf("first %d, retry %d, runs %d", first.Code, retry.Code, runs.Load())
+				}
+				return
+			}
+			if retry.Code != 201 || retry.Body.String() != "made" || retry.Header().Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+				t.Fatalf("retry %d %q %v, runs %d", retry.Code, retry.Body, retry.Header(), runs.Load())
+			}
+		})
 	}
 }
 

@@ -111,8 +111,11 @@ func WithTTL(d time.Duration) Option {
 
 // WithLease sets how long a request holds its key while the handler runs.
 // The lease is renewed every lease/3 while the handler runs, so it bounds
-// only how long a key stays locked after its process died. Default 30
-// seconds; at least 30 milliseconds.
+// only how long a key stays locked after its process died. It also bounds
+// how long the middleware retries storing a response when the store fails
+// after the handler: a store outage shorter than two thirds of the lease
+// never costs a second execution. Default 30 seconds; at least 30
+// milliseconds.
 func WithLease(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 30*time.Millisecond {
@@ -252,8 +255,12 @@ func WithErrorWriter(fn ErrorWriter) Option {
 }
 
 // WithObserver calls fn once per protected request, synchronously, when the
-// middleware has decided its outcome. fn must be safe for concurrent use
-// and quick. Default none; a nil function is invalid.
+// middleware has decided its outcome. The one exception: when the store
+// fails to take the result of an execution (Complete, or Release for a
+// response that is not stored), the middleware retries in the background
+// for up to one lease, and fn is called from there with the final outcome.
+// fn must be safe for concurrent use and quick. Default none; a nil
+// function is invalid.
 func WithObserver(fn func(Event)) Option {
 	return func(c *config) error {
 		if fn == nil {

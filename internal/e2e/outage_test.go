@@ -29,11 +29,13 @@ func (o outage) inside(r *reply) bool { return !r.sent.Before(o.start) && r.recv
 // the same port with its append-only file. While it cannot answer, every
 // request gets 503 with Retry-After and no handler runs; the processes
 // recover without a restart when it is back; no record is lost across the
-// restart; and no key runs twice, except after a completion that could
-// not be stored, and then only once its lease expired.
+// restart; and no key runs twice. Each outage is shorter than two thirds
+// of the lease, the least a lease has left between two renewals, so a
+// handler that finished while Redis was away gets its record stored by
+// the middleware's retries once Redis is back, before its lease expires.
 func TestRedisOutageFailsClosed(t *testing.T) {
 	const (
-		lease      = 2 * time.Second
+		lease      = 6 * time.Second
 		ttl        = 10 * time.Minute
 		minOutage  = 1500 * time.Millisecond
 		minAnswers = 100 // to see in each outage before it ends
@@ -89,9 +91,11 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 
 	replies := l.snapshot()
 	execs := executions(t, ctx, counts, l.keys)
-	lost := map[string]bool{}
-	for _, o := range counts.SMembers(ctx, "lost").Val() {
-		lost[o] = true
+	// A Complete that failed during an outage and was not stored by a
+	// later retry: there must be none.
+	lost := counts.SMembers(ctx, "lost").Val()
+	if len(lost) != 0 {
+		t.Errorf("%d completions were never stored: owners %v", len(lost), lost)
 	}
 	rids := map[string]bool{} // of requests that ran the handler
 	for _, ex := range execs {
@@ -174,7 +178,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 	// byte.
 	once := failures{t: t}
 	lastExec := map[string]*reply{}
-	var executed, again int
+	var executed int
 	for _, key := range l.keys {
 		ex := execs[key]
 		executed += len(ex)
@@ -182,16 +186,8 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 			once.add("%s never executed", key)
 			continue
 		}
-		for i := range len(ex) - 1 {
-			if !lost[ex[i].owner] {
-				once.add("%s executed again after a stored completion: %v", key, ex)
-			}
-			if gap := ex[i+1].at.Sub(ex[i].at); gap < lease/2 {
-				once.add("%s executed again %v after a lost completion, within its lease: %v", key, gap, ex)
-			}
-		}
 		if len(ex) > 1 {
-			again++
+			once.add("%s executed %d times, though every outage was shorter than the lease's last two thirds: %v", key, len(ex), ex)
 		}
 		byExec := map[string]*reply{}
 		for _, r := range l.finals[key] {
@@ -252,10 +248,9 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 	checkTTLs(t, ctx, redisClient(t, store.Addr()), "idem:", lease, ttl)
 
 	figure(t, "lease %v, 3 processes, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, "+
-		"%d answered 503; %d executions; %d completions could not be stored, %d keys ran a second time after one "+
-		"(each after its lease); %d keys asked again after the restart: all replayed",
+		"%d answered 503; %d executions; %d completions never stored; %d keys asked again after the restart: all replayed",
 		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
-		executed, len(lost), again, len(l.keys))
+		executed, len(lost), len(l.keys))
 }
 
 // TestRedisRestartWithoutPersistenceForgets shows why the outage test

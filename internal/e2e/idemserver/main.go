@@ -36,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,7 +78,7 @@ func main() {
 		})
 	}
 	counts := client(*count)
-	st := watched{Store: redisstore.New(client(*store), redisstore.WithPrefix(*prefix)), counts: counts}
+	st := watched{Store: redisstore.New(client(*store), redisstore.WithPrefix(*prefix)), counts: counts, failed: new(sync.Map)}
 	opts := []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
 	if *failOpen {
 		opts = append(opts, idem.WithFailOpen())
@@ -147,16 +148,32 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type watched struct {
 	storage.Store
 	counts *redis.Client
+	failed *sync.Map // owners whose Complete failed in this process
+}
+
+// retried reports whether a Complete of owner failed before, forgetting it.
+func (s watched) retried(owner string) bool {
+	_, ok := s.failed.LoadAndDelete(owner)
+	return ok
 }
 
 func (s watched) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	err := s.Store.Complete(ctx, key, owner, record, ttl)
-	if err != nil {
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch {
+	case err != nil:
 		log.Printf("lost owner=%s not-owner=%t: %v", owner, errors.Is(err, storage.ErrNotOwner), err)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := s.counts.SAdd(ctx, "lost", owner).Err(); err != nil {
+		s.failed.Store(owner, true)
+		if err := s.counts.SAdd(cctx, "lost", owner).Err(); err != nil {
 			log.Printf("lost owner=%s not recorded: %v", owner, err)
+		}
+	case s.retried(owner):
+		// The middleware retries a failed Complete for up to a lease:
+		// this one got through after all, so the record is not lost.
+		log.Printf("stored after a retry owner=%s", owner)
+		if err := s.counts.SRem(cctx, "lost", owner).Err(); err != nil {
+			log.Printf("lost owner=%s not cleared: %v", owner, err)
 		}
 	}
 	return err
