@@ -105,6 +105,7 @@ func OpenStore(addr string) (storage.Store, func()) {
 		ReadTimeout:           250 * time.Millisecond,
 		WriteTimeout:          250 * time.Millisecond,
 		MaxRetries:            1,
+		DialerRetries:         1, // go-redis's default, 5, retries a refused dial 4 times, 100 ms apart
 	})
 	return redisstore.New(rdb), func() { rdb.Close() }
 }
