@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,33 +150,6 @@ func (p *Proc) stop() {
 		p.srv.stop()
 		p.srv = nil
 	}
-}
-
-// startAt runs redis-server on the given loopback port, like startOn.
-func startAt(bin string, port int, args []string) (*server, error) {
-	log, err := os.CreateTemp("", "redistest-*.log")
-	if err != nil {
-		return nil, err
-	}
-	defer log.Close()
-	srv := &server{
-		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		log:  log.Name(),
-		cmd: exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--daemonize", "no"}, args...)...),
-	}
-	srv.cmd.Stdout, srv.cmd.Stderr = log, log
-	srv.cmd.SysProcAttr = sysProcAttr()
-	if err := srv.cmd.Start(); err != nil {
-		os.Remove(srv.log)
-		return nil, err
-	}
-	if err := waitReady(srv.addr, 10*time.Second); err != nil {
-		out, _ := os.ReadFile(srv.log)
-		srv.stop()
-		return nil, fmt.Errorf("redis-server on %s: %w; its output:\n%s", srv.addr, err, out)
-	}
-	return srv, nil
 }
 
 // waitState polls /proc/pid/stat until the process is in state (on Linux;

@@ -157,11 +157,18 @@ func start(args ...string) (*server, error) {
 	}
 }
 
+// startOn runs redis-server on a free loopback port.
 func startOn(bin string, args []string) (*server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
+	return startAt(bin, port, args)
+}
+
+// startAt runs redis-server on the given loopback port, without
+// persistence unless args say otherwise, and waits until it answers PING.
+func startAt(bin string, port int, args []string) (*server, error) {
 	// The output goes to a file, not a pipe: a pipe needs a goroutine that
 	// copies it, which goleak would report in packages that never stop the
 	// shared server.
@@ -182,7 +189,7 @@ func startOn(bin string, args []string) (*server, error) {
 		os.Remove(srv.log)
 		return nil, err
 	}
-	if err := waitReady(srv.addr, 5*time.Second); err != nil {
+	if err := waitReady(srv.addr, 10*time.Second); err != nil {
 		out, _ := os.ReadFile(srv.log)
 		srv.stop()
 		return nil, fmt.Errorf("redis-server on %s: %w; its output:\n%s", srv.addr, err, out)
