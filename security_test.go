@@ -24,10 +24,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
-	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -74,14 +72,6 @@ func (s *secSpy) Release(ctx context.Context, key, owner string) error {
 		return secDown
 	}
 	return s.Store.Release(ctx, key, owner)
-}
-
-// secMem returns a memory store on a test clock, closed when t ends.
-func secMem(t *testing.T) (*memstore.Store, *testclock.Clock) {
-	clk := testclock.New(time.Unix(1_800_000_000, 0))
-	s := memstore.New(memstore.WithClock(clk.Now))
-	t.Cleanup(func() { s.Close() })
-	return s, clk
 }
 
 // secResult is what a client received.
@@ -141,7 +131,7 @@ func TestSecurityScopesNeverCross(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store, _ := secMem(t)
+			store, _ := newMemStore(t)
 			m, err := idem.New(store, append([]idem.Option{idem.WithoutFingerprint(), idem.WithMethods("POST", "PATCH")}, tc.opts...)...)
 			if err != nil {
 				t.Fatal(err)
@@ -268,7 +258,7 @@ func (b *countingBody) Read(p []byte) (int, error) {
 // the handler.
 func TestSecurityBodyLimitNotReadPast(t *testing.T) {
 	const limit = 1000
-	store, _ := secMem(t)
+	store, _ := newMemStore(t)
 	spy := newSecSpy(store)
 	m, err := idem.New(spy, idem.WithMaxRequestBody(limit))
 	if err != nil {
@@ -319,7 +309,7 @@ func TestSecurityBodyLimitNotReadPast(t *testing.T) {
 // connection runs at once (no 409), and the stalled request, once its body
 // is complete, gets that response replayed.
 func TestSecurityLeaseAfterBody(t *testing.T) {
-	store, _ := secMem(t)
+	store, _ := newMemStore(t)
 	spy := newSecSpy(store)
 	m, err := idem.New(spy)
 	if err != nil {
@@ -391,7 +381,7 @@ func (b *signalBody) Read(p []byte) (int, error) {
 func TestSecurityNoSecretsInErrorsOrEvents(t *testing.T) {
 	const secret = "Bearer s3cr3t-T0KEN-9f2c"
 	const key = "KEY-7f3a9c-raw"
-	store, clk := secMem(t)
+	store, clk := newMemStore(t)
 	spy := newSecSpy(store)
 	var mu sync.Mutex
 	var events []idem.Event
