@@ -29,10 +29,10 @@ func TestMilliseconds(t *testing.T) {
 // each is an error, never a panic, and never a storage error.
 func TestReplyShapes(t *testing.T) {
 	for _, reply := range []any{
-		nil, int64(1), "1", []any{}, []any{nil}, []any{"1"}, []any{int64(9)},
-		[]any{int64(1), "extra"}, []any{int64(2)}, []any{int64(2), "fp"}, []any{int64(2), int64(5), int64(5)},
-		[]any{int64(2), "fp", "5"}, []any{int64(3), "fp"}, []any{int64(3), "fp", int64(5)},
-		[]any{int64(3), nil, "r"}, []any{int64(0), "x"}, []any{int64(2), "fp", int64(1), "extra"},
+		nil, int64(2), int64(3), int64(-1), "", "D", "P\x00", "D\x03fp", "X\x00r", []any{}, []any{nil}, []any{"1"},
+		[]any{int64(1)}, []any{int64(0)}, []any{int64(3), "fp", "r"},
+		[]any{int64(2)}, []any{int64(2), "fp"}, []any{int64(2), int64(5), int64(5)},
+		[]any{int64(2), "fp", "5"}, []any{int64(3), "fp", int64(5)}, []any{int64(2), "fp", int64(1), "extra"},
 	} {
 		res, err := acquireResult(reply)
 		if !errors.Is(err, errReply) || res.State != 0 {
@@ -55,12 +55,14 @@ func TestReplies(t *testing.T) {
 		want  storage.Result
 		err   error
 	}{
-		{[]any{int64(1)}, storage.Result{State: storage.Acquired}, nil},
+		{int64(1), storage.Result{State: storage.Acquired}, nil},
 		{[]any{int64(2), "fp", int64(1500)}, storage.Result{State: storage.InFlight, Fingerprint: "fp", LeaseLeft: 1500 * time.Millisecond}, nil},
 		{[]any{int64(2), "", int64(0)}, storage.Result{State: storage.InFlight, LeaseLeft: time.Millisecond}, nil},
 		{[]any{int64(2), "", int64(-1)}, storage.Result{State: storage.InFlight, LeaseLeft: time.Millisecond}, nil},
-		{[]any{int64(3), "fp", ""}, storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte{}}, nil},
-		{[]any{int64(0)}, storage.Result{}, errCorrupt},
+		{"D\x02fp", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte{}}, nil},
+		{"D\x00", storage.Result{State: storage.Done, Record: []byte{}}, nil},
+		{"D\x02fprecord", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte("record")}, nil},
+		{int64(0), storage.Result{}, errCorrupt},
 	} {
 		res, err := acquireResult(c.reply)
 		if !errors.Is(err, c.err) || res.State != c.want.State || res.Fingerprint != c.want.Fingerprint ||

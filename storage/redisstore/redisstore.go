@@ -7,8 +7,10 @@
 // It works with any redis.UniversalClient (redis.Client, redis.ClusterClient,
 // redis.FailoverClient) unchanged.
 //
-// Each operation is one Lua script on one key, run through redis.Script
-// (EVALSHA, then EVAL when the server does not have the script cached), so
+// Each operation is one Lua script on one key, a redis.Script run the way
+// Script.Run does (EVALSHA, then EVAL when the server does not have the
+// script cached; the EVALSHA command is built here, with fewer allocations
+// than Script.Run needs), so
 // it is atomic, costs one round trip once the script is cached, and routes
 // to the right Redis Cluster node: a script touches KEYS[1] only. Every key
 // carries a TTL, sent in milliseconds and rounded up (never 0, which
@@ -33,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/idemkit/idem/storage"
@@ -116,9 +119,10 @@ end
 local v = redis.call('GET', KEYS[1])
 `
 
-// Answers of the scripts. Acquire answers a table: {1} acquired,
-// {2, fingerprint, pttl} in flight, {3, fingerprint, record} done, {0}
-// corrupt. The others answer one integer.
+// Answers of the scripts. Acquire answers 1 (acquired), the done entry's
+// whole value (a string, parsed by [doneResult]: one bulk string costs
+// go-redis fewer allocations than a table), {2, fingerprint, pttl} (in
+// flight) or 0 (corrupt). The others answer one integer.
 const (
 	codeCorrupt  = -1
 	codeNotOwner = 0
@@ -127,29 +131,28 @@ const (
 	codeAcquireCorrupt = 0
 	codeAcquired       = 1
 	codeInFlight       = 2
-	codeDone           = 3
 )
 
 // acquire: ARGV owner, fingerprint, lease in ms.
-var acquireScript = redis.NewScript(parseLua + `
+const acquireSrc = parseLua + `
 if not v then
   redis.call('SET', KEYS[1], 'P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1], 'PX', ARGV[3])
-  return {1}
+  return 1
 end
 local tag, fp, rest = parse(v)
 if tag == 'D' then
-  return {3, fp, rest}
+  return v
 elseif tag == 'P' and rest == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1}
+  return 1
 elseif tag == 'P' then
   return {2, fp, redis.call('PTTL', KEYS[1])}
 end
-return {0}
-`)
+return 0
+`
 
 // complete: ARGV owner, record, ttl in ms.
-var completeScript = redis.NewScript(parseLua + `
+const completeSrc = parseLua + `
 if not v then return 0 end
 local tag, fp, rest = parse(v)
 if tag == 'D' then
@@ -161,10 +164,10 @@ elseif tag == 'P' then
   return 1
 end
 return -1
-`)
+`
 
 // release: ARGV owner.
-var releaseScript = redis.NewScript(parseLua + `
+const releaseSrc = parseLua + `
 if not v then return 1 end
 local tag, fp, rest = parse(v)
 if tag == 'P' and rest == ARGV[1] then
@@ -174,10 +177,10 @@ elseif tag then
   return 0
 end
 return -1
-`)
+`
 
 // extend: ARGV owner, lease in ms.
-var extendScript = redis.NewScript(parseLua + `
+const extendSrc = parseLua + `
 if not v then return 0 end
 local tag, fp, rest = parse(v)
 if tag == 'P' and rest == ARGV[1] then
@@ -187,7 +190,7 @@ elseif tag then
   return 0
 end
 return -1
-`)
+`
 
 // ms gives d in whole milliseconds, rounded up, for a d > 0: never 0,
 // which PEXPIRE takes as "delete now" and SET PX refuses.
@@ -199,6 +202,68 @@ func ms(d time.Duration) int64 {
 	return n
 }
 
+// call holds the arguments of one script call. go-redis sends args, whose
+// boxed strings (key, owner, fingerprint) allocate one header each; the
+// record and the lease or TTL are boxed as pointers into call, which does
+// not allocate, and written through their MarshalBinary. Every argument
+// still prints as its value in hooks that format commands (tracing, logs).
+type call struct {
+	args [7]any
+	key  string
+	rec  record
+	n    millis
+}
+
+// record is a record as a script argument, written as is.
+type record []byte
+
+func (r *record) MarshalBinary() ([]byte, error) { return *r, nil }
+func (r *record) String() string                 { return string(*r) }
+
+// millis is a lease or TTL in milliseconds as a script argument.
+type millis struct {
+	ms  int64
+	buf [20]byte
+}
+
+func (m *millis) MarshalBinary() ([]byte, error) { return strconv.AppendInt(m.buf[:0], m.ms, 10), nil }
+func (m *millis) String() string                 { return strconv.FormatInt(m.ms, 10) }
+
+// script is a Lua script and its EVALSHA digest, boxed once.
+type script struct {
+	*redis.Script
+	sha any
+}
+
+func newScript(src string) script {
+	s := redis.NewScript(src)
+	return script{s, s.Hash()}
+}
+
+var (
+	acquire  = newScript(acquireSrc)
+	complete = newScript(completeSrc)
+	release  = newScript(releaseSrc)
+	extend   = newScript(extendSrc)
+)
+
+// run runs sc with c's key and the given arguments (pointers into c), as
+// redis.Script.Run does: EVALSHA, then EVAL when Redis answers NOSCRIPT.
+func (s *Store) run(ctx context.Context, sc script, c *call, args ...any) (any, error) {
+	c.args[0], c.args[1], c.args[2], c.args[3] = "evalsha", sc.sha, 1, c.key
+	n := 4 + copy(c.args[4:], args)
+	cmd := redis.NewCmd(ctx, c.args[:n]...)
+	cmd.SetFirstKeyPos(3)
+	err := s.rdb.Process(ctx, cmd)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		return sc.Eval(ctx, s.rdb, []string{c.key}, c.args[4:n]...).Result()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cmd.Result()
+}
+
 // Acquire implements [storage.Store.Acquire]. Errors wrap
 // [storage.ErrInvalid], or say that Redis could not be reached, failed, or
 // holds a value under the key that is not an entry.
@@ -206,65 +271,76 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", err)
 	}
-	reply, err := acquireScript.Run(ctx, s.rdb, []string{s.prefix + key}, owner, fingerprint, ms(lease)).Result()
+	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
+	reply, err := s.run(ctx, acquire, c, owner, fingerprint, &c.n)
 	if err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", replyErr(err))
 	}
 	res, err := acquireResult(reply)
 	if err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire %q: %w", s.prefix+key, err)
+		return storage.Result{}, fmt.Errorf("redisstore: acquire %q: %w", c.key, err)
 	}
 	return res, nil
 }
 
 // acquireResult maps the acquire script's answer.
 func acquireResult(reply any) (storage.Result, error) {
-	v, _ := reply.([]any)
-	if len(v) == 0 {
-		return storage.Result{}, unexpected(reply)
-	}
-	code, ok := v[0].(int64)
-	switch {
-	case !ok:
-	case code == codeAcquired && len(v) == 1:
-		return storage.Result{State: storage.Acquired}, nil
-	case code == codeInFlight && len(v) == 3:
+	switch v := reply.(type) {
+	case int64:
+		switch v {
+		case codeAcquired:
+			return storage.Result{State: storage.Acquired}, nil
+		case codeAcquireCorrupt:
+			return storage.Result{}, errCorrupt
+		}
+	case string:
+		return doneResult(v)
+	case []any:
+		if len(v) != 3 {
+			break
+		}
+		code, ok0 := v[0].(int64)
 		fp, ok1 := v[1].(string)
 		pttl, ok2 := v[2].(int64)
-		if ok1 && ok2 {
+		if ok0 && ok1 && ok2 && code == codeInFlight {
 			// PTTL is in whole ms and may read 0 in the entry's last
 			// millisecond; the contract promises at least 1ms.
 			left := max(time.Duration(pttl)*time.Millisecond, time.Millisecond)
 			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: left}, nil
 		}
-	case code == codeDone && len(v) == 3:
-		fp, ok1 := v[1].(string)
-		rec, ok2 := v[2].(string)
-		if ok1 && ok2 {
-			return storage.Result{State: storage.Done, Fingerprint: fp, Record: []byte(rec)}, nil
-		}
-	case code == codeAcquireCorrupt && len(v) == 1:
-		return storage.Result{}, errCorrupt
 	}
 	return storage.Result{}, unexpected(reply)
+}
+
+// doneResult parses the value of a done entry, as the acquire script
+// returns it: 'D', the fingerprint's length, the fingerprint, the record.
+// The fingerprint is a substring of v; the record is copied out of it.
+func doneResult(v string) (storage.Result, error) {
+	if len(v) < 2 || v[0] != 'D' || len(v) < 2+int(v[1]) {
+		return storage.Result{}, unexpected(v)
+	}
+	n := 2 + int(v[1])
+	return storage.Result{State: storage.Done, Fingerprint: v[2:n], Record: []byte(v[n:])}, nil
 }
 
 // Complete implements [storage.Store.Complete]. Errors wrap
 // [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
 // not be reached, failed, or holds a value under the key that is not an
 // entry.
-func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	return s.owned(ctx, "complete", completeScript, key, owner, record, ms(ttl))
+	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: ms(ttl)}}
+	return s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n)
 }
 
 // Release implements [storage.Store.Release]. Errors wrap
 // [storage.ErrNotOwner], or say that Redis could not be reached, failed,
 // or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
-	return s.owned(ctx, "release", releaseScript, key, owner)
+	c := &call{key: s.prefix + key}
+	return s.owned(ctx, "release", release, c, owner)
 }
 
 // Extend implements [storage.Store.Extend]. Errors wrap
@@ -275,17 +351,18 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 	if lease <= 0 {
 		return fmt.Errorf("redisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
-	return s.owned(ctx, "extend", extendScript, key, owner, ms(lease))
+	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
+	return s.owned(ctx, "extend", extend, c, owner, &c.n)
 }
 
 // owned runs an owner-checked script and maps its answer.
-func (s *Store) owned(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
-	reply, err := script.Run(ctx, s.rdb, []string{s.prefix + key}, args...).Result()
+func (s *Store) owned(ctx context.Context, op string, sc script, c *call, args ...any) error {
+	reply, err := s.run(ctx, sc, c, args...)
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, replyErr(err))
 	}
 	if err := ownedResult(reply); err != nil {
-		return fmt.Errorf("redisstore: %s %q: %w", op, s.prefix+key, err)
+		return fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
 	}
 	return nil
 }

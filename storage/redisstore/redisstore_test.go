@@ -405,3 +405,61 @@ func TestScriptsAreSafeToRunTwice(t *testing.T) {
 		twice("release", func() error { return s.Release(ctx, "k2", "o") })
 	})
 }
+
+// argsHook records every command as hooks that format commands (tracing,
+// logging) print it.
+type argsHook struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (h *argsHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.mu.Lock()
+		h.cmds = append(h.cmds, cmd.String())
+		h.mu.Unlock()
+		return err
+	}
+}
+
+// TestCommandsPrintTheirArguments checks that the EVALSHA commands the
+// store builds print with every argument as its value (not a pointer) in
+// hooks, and that the scripts fall back to EVAL with the same arguments.
+func TestCommandsPrintTheirArguments(t *testing.T) {
+	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := t.Context()
+		h := new(argsHook)
+		rdb.AddHook(h)
+		p := prefix("args")
+		s := redisstore.New(rdb, redisstore.WithPrefix(p))
+		if _, err := s.Acquire(ctx, "k", "owner-1", "fp-1", 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, "k", "owner-1", []byte("the-record"), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		// On miniredis the scripts are not cached yet: EVALSHA fails with
+		// NOSCRIPT and EVAL follows, and both must print the arguments.
+		for _, want := range []string{" 1 " + p + "k owner-1 fp-1 30000", " 1 " + p + "k owner-1 the-record 3600000"} {
+			found := false
+			for _, c := range h.cmds {
+				found = found || (strings.HasPrefix(c, "evalsha ") && strings.Contains(c, want))
+			}
+			if !found {
+				t.Errorf("no evalsha printed with %q in %q", want, h.cmds)
+			}
+		}
+		for _, c := range h.cmds {
+			if strings.Contains(c, "0xc") {
+				t.Errorf("command %q prints a pointer", c)
+			}
+		}
+	})
+}
