@@ -22,9 +22,11 @@ import (
 // concurrent use and may be shared by many routes and adapters.
 type Middleware struct {
 	store storage.Store
-	cfg   config
-	omit  func(name string) bool
-	beats beats
+	// keeper is store when it can keep the records it is given.
+	keeper storage.RecordKeeper
+	cfg    config
+	omit   func(name string) bool
+	beats  beats
 }
 
 // New returns a Middleware that keeps its records in store. Without
@@ -38,6 +40,7 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOption)
 	}
 	m := &Middleware{store: store, cfg: defaultConfig()}
+	m.keeper, _ = store.(storage.RecordKeeper)
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -354,6 +357,19 @@ func (x *exchange) finish(ctx context.Context, cw *response.Capture, skey, owner
 		if !ok {
 			outcome = NotReplayable
 			rec = response.Record{Status: rec.Status, NotReplayable: true}
+		}
+		if m.keeper != nil {
+			// A buffer of its own, handed over to the store: a store in
+			// memory keeps it rather than a copy.
+			b, encErr := rec.MarshalBinary()
+			if encErr != nil {
+				err = encErr
+			} else if err = m.keeper.CompleteKeep(ctx, skey, owner, b, m.cfg.ttl); retryable(err) {
+				// After an error b is still ours, and nothing else uses it.
+				x.finishLater(outcome, status, err, func(ctx context.Context) error { return m.keeper.CompleteKeep(ctx, skey, owner, b, m.cfg.ttl) })
+				return
+			}
+			break
 		}
 		buf := getBuf()
 		b, encErr := rec.AppendBinary((*buf)[:0])

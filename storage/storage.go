@@ -144,6 +144,27 @@ type Store interface {
 	Extend(ctx context.Context, key, owner string, lease time.Duration) error
 }
 
+// RecordKeeper is an optional interface of a [Store] that can keep the
+// record given to Complete as it is, without copying it. The middleware
+// uses it, when the store has it, for a record it encoded into a buffer of
+// its own that it never touches again: a store in memory then keeps one
+// copy of a large response fewer. A store that copies records anyway (one
+// that sends them over a network) gains nothing from it.
+//
+// storagetest runs the Complete clauses on CompleteKeep too when the store
+// implements it.
+type RecordKeeper interface {
+	Store
+
+	// CompleteKeep is [Store.Complete], with one difference: when it
+	// returns nil, the store may keep record itself, and the caller hands
+	// the buffer over: it must never modify it again (the store may give
+	// it out as [Result.Record], which is read-only too). When it returns
+	// an error, the store has kept no reference to record, which stays the
+	// caller's, as after Complete.
+	CompleteKeep(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
+}
+
 // CheckAcquire returns an error wrapping ErrInvalid when the arguments of
 // an Acquire break the contract, and nil otherwise. Stores call it first;
 // so may a store written outside this module.

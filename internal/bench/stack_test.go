@@ -293,7 +293,7 @@ type setup struct {
 func newSetup(tb testing.TB, a adapter, sk storeKind, large bool) *setup {
 	s := &setup{adapter: a, store: sk.open(tb, large)}
 	var err error
-	if s.m, err = idem.New(s.store); err != nil {
+	if s.m, err = idem.New(s.store.Store); err != nil { // the store itself, with its optional interfaces
 		tb.Fatal(err)
 	}
 	s.h, s.bare = a.mount(s.m, large), a.mount(nil, large)

@@ -50,7 +50,7 @@ type Store struct {
 	janitor  sync.WaitGroup
 }
 
-var _ storage.Store = (*Store)(nil)
+var _ storage.RecordKeeper = (*Store)(nil)
 
 type entry struct {
 	key         string
@@ -287,6 +287,17 @@ func (s *Store) makeRoom(now time.Time) bool {
 // context is not used. Errors wrap [storage.ErrNotOwner] or
 // [storage.ErrInvalid].
 func (s *Store) Complete(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
+	return s.complete(key, owner, record, ttl, false)
+}
+
+// CompleteKeep implements [storage.RecordKeeper.CompleteKeep]: it is
+// Complete, except that it keeps record itself, without copying it, when
+// it returns nil.
+func (s *Store) CompleteKeep(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
+	return s.complete(key, owner, record, ttl, true)
+}
+
+func (s *Store) complete(key, owner string, record []byte, ttl time.Duration, keep bool) error {
 	if ttl <= 0 {
 		return fmt.Errorf("memstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
@@ -300,8 +311,11 @@ func (s *Store) Complete(_ context.Context, key, owner string, record []byte, tt
 	case e == nil || e.done || e.owner != owner:
 		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
 	}
-	rec := make([]byte, len(record)) // never nil; no allocation when empty
-	copy(rec, record)
+	rec := record[:len(record):len(record)] // no room to append into
+	if !keep || rec == nil {
+		rec = make([]byte, len(record)) // never nil; no allocation when empty
+		copy(rec, record)
+	}
 	s.bytes += len(rec) - len(e.owner)
 	e.owner, e.record, e.done = "", rec, true
 	s.setExpiry(e, now.Add(roundUp(ttl)))

@@ -13,7 +13,9 @@
 // outcomes of Acquire, owner checks on Complete, Release and Extend, resends,
 // lease and TTL expiry, rounding to milliseconds, invalid arguments, binary
 // safety of fingerprints, owners and records, and that exactly one of many
-// concurrent acquirers wins. It uses the standard testing package only.
+// concurrent acquirers wins. For a store that implements
+// [storage.RecordKeeper] it checks the Complete clauses on CompleteKeep too
+// (the CompleteKeep subtests are skipped for the others). It uses the standard testing package only.
 package storagetest
 
 import (
@@ -73,6 +75,7 @@ var groups = []struct {
 }{
 	{"Acquire", acquireCases},
 	{"Complete", completeCases},
+	{"CompleteKeep", completeKeepCases},
 	{"Release", releaseCases},
 	{"Extend", extendCases},
 	{"Expiry", expiryCases},
@@ -177,6 +180,70 @@ var completeCases = []testCase{
 		s.complete(k, "o1", buf, hour)
 		copy(buf, "XXXXXX")
 		s.wantDone(k, "fp", []byte("record"))
+	}},
+}
+
+// completeKeepCases check CompleteKeep of a storage.RecordKeeper: the
+// clauses of Complete, and that after an error the caller's buffer is
+// still the caller's.
+var completeKeepCases = []testCase{
+	{"ByOwner", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("record"), hour); err != nil {
+			s.t.Fatalf("CompleteKeep by the owner: %v", err)
+		}
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"ByOtherOwner", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		buf := []byte("x")
+		s.is(s.keeper().CompleteKeep(s.ctx, k, "o2", buf, hour), storage.ErrNotOwner, "CompleteKeep by another owner")
+		s.wantInFlight(k, "fp")
+		copy(buf, "y") // still the caller's
+		s.complete(k, "o1", []byte("record"), hour)
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"Missing", func(s *suite) {
+		k := s.key()
+		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("x"), hour), storage.ErrNotOwner, "CompleteKeep of a missing key")
+		s.wantState(s.acquire(k, "o2", "fp", minute), storage.Acquired)
+	}},
+	{"ResendSameRecord", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("record"), hour); err != nil {
+			s.t.Fatalf("CompleteKeep resent with the same record: %v, want nil", err)
+		}
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"OtherRecordAfterDone", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("record"), hour); err != nil {
+			s.t.Fatal(err)
+		}
+		buf := []byte("other")
+		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", buf, hour), storage.ErrNotOwner, "CompleteKeep with another record after done")
+		copy(buf, "XXXXX") // still the caller's
+		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", nil, hour), storage.ErrNotOwner, "CompleteKeep with an empty record after done")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"EmptyRecord", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", nil, hour); err != nil {
+			s.t.Fatal(err)
+		}
+		s.wantDone(k, "fp", []byte{})
+	}},
+	{"InvalidTTL", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("r"), 0), storage.ErrInvalid, "CompleteKeep with a ttl of 0")
+		s.wantInFlight(k, "fp")
 	}},
 }
 
@@ -545,6 +612,16 @@ func (s *suite) short() time.Duration {
 		return minute
 	}
 	return 50 * time.Millisecond
+}
+
+// keeper returns the store as a storage.RecordKeeper, skipping the test
+// when it is not one.
+func (s *suite) keeper() storage.RecordKeeper {
+	k, ok := s.Store.(storage.RecordKeeper)
+	if !ok {
+		s.t.Skip("the store does not implement storage.RecordKeeper")
+	}
+	return k
 }
 
 func (s *suite) acquire(key, owner, fp string, lease time.Duration) storage.Result {
