@@ -30,26 +30,41 @@ const (
 	redisRecordOverhead = 96
 )
 
-// knownMisses are the budgets this code base misses today, each with the
-// reason, measured and explained in docs/performance.md. A known miss is
-// logged, loudly, instead of failing the test, unless IDEM_BUDGET_STRICT=1;
-// a miss not listed here always fails. The budgets themselves are not
-// changed: remove an entry once its budget is met.
-var knownMisses = map[string]string{
-	"allocs/redis/first":  "go-redis allocates about 12 times per command (EVALSHA arguments, Cmd, reply, connection health check) and redisstore about 4 more",
-	"allocs/redis/replay": "as for first; the Done record also is copied from the reply string to []byte",
-	"large/memory":        "the memory store copies the record, as the Store contract requires, on top of the capture copy and the encoding",
-	"record/redis":        "jemalloc rounds the 329-byte value up to its 384-byte size class; key, dict entry, object header and expiry add about 90",
+// knownMiss is a budget this code base misses today: the level measured
+// today, which the figure must not exceed, and why the budget is missed.
+type knownMiss struct {
+	ceiling float64
+	why     string
 }
 
-// missed reports a missed budget: an error, or a log line for a known miss.
-func missed(t *testing.T, key, format string, args ...any) {
+// knownMisses are the budgets missed today, measured and explained in
+// docs/performance.md. A known miss is logged, loudly, as KNOWN MISS
+// instead of failing, as long as the figure stays within the entry's
+// ceiling; worse than that, it fails as a regression. IDEM_BUDGET_STRICT=1
+// makes every miss fail. A miss not listed here always fails, and so does
+// an entry whose budget is met: remove it then. The budgets themselves are
+// not changed.
+var knownMisses = map[string]knownMiss{
+	"record/redis": {472, "with the 37-byte key of the test, Redis 7.0 spends 88 bytes on the key, its dict entry and object header, leaving 302 for the value; the 329-byte value takes a 384-byte allocation, and no value holding the 294 bytes of body and headers uncompressed (and the 16-byte fingerprint) fits the 256-byte class below 302"},
+}
+
+// check holds the figure got of the budget named key, which it must not
+// exceed: a failure, a logged known miss within its ceiling, or a failure
+// when a known miss has met its budget (its entry must go).
+func check(t *testing.T, key string, got, budget float64, format string, args ...any) {
 	t.Helper()
-	if why, ok := knownMisses[key]; ok && os.Getenv("IDEM_BUDGET_STRICT") != "1" {
-		t.Logf("KNOWN MISS ("+why+"): "+format, args...)
-		return
+	km, known := knownMisses[key]
+	switch {
+	case got <= budget && known:
+		t.Errorf("%s: budget met (%v, budget %v): remove its knownMisses entry", key, got, budget)
+	case got <= budget:
+	case known && got <= km.ceiling && os.Getenv("IDEM_BUDGET_STRICT") != "1":
+		t.Logf("KNOWN MISS ("+km.why+"): "+format, args...)
+	case known && got > km.ceiling:
+		t.Errorf("REGRESSION of a known miss (ceiling %v): "+format, append([]any{km.ceiling}, args...)...)
+	default:
+		t.Errorf(format, args...)
 	}
-	t.Errorf(format, args...)
 }
 
 // roundTrips is the number of Redis round trips each case costs.
@@ -115,8 +130,8 @@ func TestAllocationBudget(t *testing.T) {
 							budget += noopAllocs(t, a)
 						}
 						t.Logf("%s: %v allocations over bare (budget %v)", name, over, budgetText(budget, ok))
-						if ok && over > budget {
-							missed(t, "allocs/"+sk.name+"/"+name, "%s/%s/%s: %v allocations over bare, budget %v", a.name, sk.name, name, over, budget)
+						if ok {
+							check(t, "allocs/"+sk.name+"/"+name, over, budget, "%s/%s/%s: %v allocations over bare, budget %v", a.name, sk.name, name, over, budget)
 						}
 					}
 				})
@@ -172,9 +187,7 @@ func TestLargeResponseBytes(t *testing.T) {
 			got := bytesPerRequest(t, s, "large", 20) - bare
 			factor := got / float64(len(largeBody))
 			t.Logf("large: %.0f bytes over bare per request, %.2fx the body (budget %.1fx)", got, factor, largeBytesFactor)
-			if factor > largeBytesFactor {
-				missed(t, "large/"+sk.name, "a 1 MiB response allocates %.2fx its size, budget %.1fx", factor, largeBytesFactor)
-			}
+			check(t, "large/"+sk.name, factor, largeBytesFactor, "a 1 MiB response allocates %.2fx its size, budget %.1fx", factor, largeBytesFactor)
 		})
 	}
 }
@@ -206,10 +219,8 @@ func TestRecordSize(t *testing.T) {
 				val, _ := s.store.rdb.StrLen(ctx, keys[0]).Result()
 				t.Logf("redis: MEMORY USAGE %d bytes (value %d, key %d) for %d of body and stored headers (+%d; budget +%d)",
 					usage, val, len(keys[0]), payload, usage-int64(payload), redisRecordOverhead)
-				if usage > int64(payload+redisRecordOverhead) {
-					missed(t, "record/redis", "a stored record takes %d bytes in Redis, budget %d (body %d + headers %d + %d)",
-						usage, payload+redisRecordOverhead, len(orderJSON), storedHeaderBytes, redisRecordOverhead)
-				}
+				check(t, "record/redis", float64(usage), float64(payload+redisRecordOverhead), "a stored record takes %d bytes in Redis, budget %d (body %d + headers %d + %d)",
+					usage, payload+redisRecordOverhead, len(orderJSON), storedHeaderBytes, redisRecordOverhead)
 			}
 		})
 	}
