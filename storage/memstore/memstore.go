@@ -12,7 +12,6 @@ package memstore
 
 import (
 	"bytes"
-	"container/heap"
 	"context"
 	"fmt"
 	"sync"
@@ -41,6 +40,7 @@ type Store struct {
 	mu       sync.Mutex
 	entries  map[string]*entry
 	byExpiry expiryHeap // every entry, the one expiring soonest first
+	epoch    time.Time  // the clock's time at New: heap keys are offsets from it
 	oldest   *entry     // done entries in completion order: oldest ...
 	newest   *entry     // ... to newest, linked through prev and next
 	bytes    int
@@ -124,6 +124,7 @@ func New(opts ...Option) *Store {
 			o(s)
 		}
 	}
+	s.epoch = s.now()
 	s.janitor.Add(1)
 	go s.runJanitor()
 	return s
@@ -161,8 +162,8 @@ func (s *Store) sweep() {
 }
 
 func (s *Store) dropExpired(now time.Time) {
-	for len(s.byExpiry) > 0 && !now.Before(s.byExpiry[0].expires) {
-		s.remove(s.byExpiry[0])
+	for len(s.byExpiry) > 0 && !now.Before(s.byExpiry[0].e.expires) {
+		s.remove(s.byExpiry[0].e)
 	}
 }
 
@@ -186,7 +187,7 @@ func (s *Store) Bytes() int {
 
 func (s *Store) remove(e *entry) {
 	delete(s.entries, e.key)
-	heap.Remove(&s.byExpiry, e.index)
+	s.byExpiry.remove(e.index)
 	if e.done {
 		s.unlinkDone(e)
 	}
@@ -195,7 +196,8 @@ func (s *Store) remove(e *entry) {
 
 func (s *Store) setExpiry(e *entry, t time.Time) {
 	e.expires = t
-	heap.Fix(&s.byExpiry, e.index)
+	s.byExpiry[e.index].at = t.Sub(s.epoch)
+	s.byExpiry.fix(e.index)
 }
 
 func (s *Store) pushDone(e *entry) {
@@ -264,7 +266,7 @@ func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease
 	}
 	e := &entry{key: key, fingerprint: fingerprint, owner: owner, expires: now.Add(lease)}
 	s.entries[key] = e
-	heap.Push(&s.byExpiry, e)
+	s.byExpiry.push(e, e.expires.Sub(s.epoch))
 	s.bytes += e.size()
 	return storage.Result{State: storage.Acquired}, nil
 }
@@ -356,27 +358,83 @@ func (s *Store) Extend(_ context.Context, key, owner string, lease time.Duration
 	return nil
 }
 
-// expiryHeap is a container/heap of entries, soonest expiry first; each
-// entry knows its index, so it can be fixed or removed in O(log n).
-type expiryHeap []*entry
+// expiryHeap is a binary min-heap of entries, soonest expiry first; each
+// entry knows its index, so it can be fixed or removed in O(log n). It is
+// written for its items rather than through container/heap, whose
+// interface calls cost more than the comparisons, and each item holds its
+// entry's expiry, so that comparing does not read the entries (on a store
+// of 100,000 entries, each read was a cache miss).
+type expiryHeap []heapItem
 
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
-func (h expiryHeap) Swap(i, j int) {
+// heapItem is an entry and its expiry, as an offset from Store.epoch:
+// t.Sub(epoch) orders times as t.Before does (both use the monotonic
+// clock reading when there is one).
+type heapItem struct {
+	at time.Duration
+	e  *entry
+}
+
+func (h expiryHeap) less(i, j int) bool { return h[i].at < h[j].at }
+
+func (h expiryHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	h[i].e.index, h[j].e.index = i, j
 }
 
-func (h *expiryHeap) Push(x any) {
-	e := x.(*entry)
+func (h expiryHeap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2 // parent
+		if !h.less(j, i) {
+			break
+		}
+		h.swap(i, j)
+		j = i
+	}
+}
+
+// down moves the entry at i0 down, reporting whether it moved.
+func (h expiryHeap) down(i0 int) bool {
+	i, n := i0, len(h)
+	for {
+		j := 2*i + 1
+		if j >= n || j < 0 {
+			break
+		}
+		if r := j + 1; r < n && h.less(r, j) {
+			j = r
+		}
+		if !h.less(j, i) {
+			break
+		}
+		h.swap(i, j)
+		i = j
+	}
+	return i > i0
+}
+
+func (h *expiryHeap) push(e *entry, at time.Duration) {
 	e.index = len(*h)
-	*h = append(*h, e)
+	*h = append(*h, heapItem{at, e})
+	h.up(e.index)
 }
 
-func (h *expiryHeap) Pop() any {
+// remove takes out the entry at i.
+func (h *expiryHeap) remove(i int) {
 	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return e
+	n := len(old) - 1
+	if i != n {
+		old.swap(i, n)
+	}
+	old[n] = heapItem{}
+	*h = old[:n]
+	if i != n && !h.down(i) {
+		h.up(i)
+	}
+}
+
+// fix restores the order after the expiry of the entry at i changed.
+func (h expiryHeap) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
 }

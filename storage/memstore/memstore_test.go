@@ -377,11 +377,15 @@ func (s *Store) checkInvariants(t *testing.T) {
 		t.Fatalf("heap holds %d entries, map %d", len(s.byExpiry), len(s.entries))
 	}
 	size := 0
-	for i, e := range s.byExpiry {
+	for i, it := range s.byExpiry {
+		e := it.e
 		if e.index != i || s.entries[e.key] != e {
 			t.Fatalf("heap[%d] = %q with index %d, not the map's entry", i, e.key, e.index)
 		}
-		if i > 0 && e.expires.Before(s.byExpiry[(i-1)/2].expires) {
+		if it.at != e.expires.Sub(s.epoch) {
+			t.Fatalf("heap[%d] = %q: key %v, its expiry is at %v", i, e.key, it.at, e.expires.Sub(s.epoch))
+		}
+		if i > 0 && e.expires.Before(s.byExpiry[(i-1)/2].e.expires) {
 			t.Fatalf("heap order broken at %d", i)
 		}
 		if e.done != (e.record != nil) || e.done == (e.owner != "") {
@@ -409,5 +413,37 @@ func (s *Store) checkInvariants(t *testing.T) {
 	}
 	if done != 0 {
 		t.Fatalf("list of done entries and map disagree by %d", done)
+	}
+}
+
+// TestExpiryHeap pushes, fixes and removes entries at random and checks
+// after each step that the heap is ordered, every entry knows its index,
+// and the minimum is the soonest expiry.
+func TestExpiryHeap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	base := time.Unix(1_700_000_000, 0)
+	var h expiryHeap
+	at := func() time.Time { return base.Add(time.Duration(rng.IntN(1000)) * time.Millisecond) }
+	for step := range 5000 {
+		switch op := rng.IntN(4); {
+		case op == 0 || len(h) == 0:
+			e := &entry{expires: at()}
+			h.push(e, e.expires.Sub(base))
+		case op == 1:
+			i := rng.IntN(len(h))
+			h[i].e.expires = at()
+			h[i].at = h[i].e.expires.Sub(base)
+			h.fix(i)
+		default:
+			h.remove(rng.IntN(len(h)))
+		}
+		for i, it := range h {
+			if it.e.index != i || it.at != it.e.expires.Sub(base) {
+				t.Fatalf("step %d: heap[%d] has index %d", step, i, it.e.index)
+			}
+			if i > 0 && it.e.expires.Before(h[(i-1)/2].e.expires) {
+				t.Fatalf("step %d: order broken at %d", step, i)
+			}
+		}
 	}
 }
