@@ -287,7 +287,17 @@ func openStore(name, addr string, concurrency int) (storage.Store, func(), error
 			return nil, nil, err
 		}
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: concurrency + 4})
+	// The options redisstore.New's documentation recommends for a web
+	// service, and a pool as large as the load.
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		PoolSize:              concurrency + 4,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           250 * time.Millisecond,
+		ReadTimeout:           250 * time.Millisecond,
+		WriteTimeout:          250 * time.Millisecond,
+		MaxRetries:            1,
+	})
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		rdb.Close()
 		stopServer()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/gin-gonic/gin"
@@ -194,7 +195,16 @@ var storeKinds = []storeKind{
 	}},
 	{"redis", func(tb testing.TB, large bool) store {
 		addr := redistest.Addr(tb)
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		// The options redisstore.New's documentation recommends, so
+		// that the figures are those a user gets.
+		rdb := redis.NewClient(&redis.Options{
+			Addr:                  addr,
+			ContextTimeoutEnabled: true,
+			DialTimeout:           250 * time.Millisecond,
+			ReadTimeout:           250 * time.Millisecond,
+			WriteTimeout:          250 * time.Millisecond,
+			MaxRetries:            1,
+		})
 		c := new(redistest.CommandCounter)
 		rdb.AddHook(c)
 		tb.Cleanup(func() {
