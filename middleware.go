@@ -172,10 +172,28 @@ func (m *Middleware) appendFingerprint(b []byte, h *hasher, r *http.Request, bod
 
 // appendOwner appends a random lease owner token: ownerLen hex digits.
 func appendOwner(b []byte) []byte {
-	var r [ownerLen / 2]byte
-	rand.Read(r[:])
-	return hex.AppendEncode(b, r[:])
+	p := randPool.Get().(*randBytes)
+	if p.off+ownerLen/2 > len(p.b) {
+		rand.Read(p.b[:])
+		p.off = 0
+	}
+	b = hex.AppendEncode(b, p.b[p.off:p.off+ownerLen/2])
+	clear(p.b[p.off : p.off+ownerLen/2]) // handed out once only
+	p.off += ownerLen / 2
+	randPool.Put(p)
+	return b
 }
+
+// randBytes is a batch of bytes from crypto/rand, used from off on: one
+// call of rand.Read for 64 owner tokens costs less than one per token. A
+// batch belongs to one goroutine at a time (through randPool), so no two
+// tokens share bytes.
+type randBytes struct {
+	b   [64 * ownerLen / 2]byte
+	off int
+}
+
+var randPool = sync.Pool{New: func() any { return &randBytes{off: len(randBytes{}.b)} }}
 
 // ids returns the storage key, a new owner token and the fingerprint of
 // the request, all three in one allocation.
