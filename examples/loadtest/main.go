@@ -287,7 +287,7 @@ func openStore(name, addr string, concurrency int) (storage.Store, func(), error
 			return nil, nil, err
 		}
 	}
-	// The options redisstore.New's documentation recommends for a web
+	// The options the README recommends for a web
 	// service, and a pool as large as the load.
 	rdb := redis.NewClient(&redis.Options{
 		Addr:                  addr,
@@ -297,6 +297,7 @@ func openStore(name, addr string, concurrency int) (storage.Store, func(), error
 		ReadTimeout:           250 * time.Millisecond,
 		WriteTimeout:          250 * time.Millisecond,
 		MaxRetries:            1,
+		DialerRetries:         1,
 	})
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		rdb.Close()

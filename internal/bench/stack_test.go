@@ -195,7 +195,7 @@ var storeKinds = []storeKind{
 	}},
 	{"redis", func(tb testing.TB, large bool) store {
 		addr := redistest.Addr(tb)
-		// The options redisstore.New's documentation recommends, so
+		// The options the README recommends, so
 		// that the figures are those a user gets.
 		rdb := redis.NewClient(&redis.Options{
 			Addr:                  addr,
@@ -204,6 +204,7 @@ var storeKinds = []storeKind{
 			ReadTimeout:           250 * time.Millisecond,
 			WriteTimeout:          250 * time.Millisecond,
 			MaxRetries:            1,
+			DialerRetries:         1,
 		})
 		c := new(redistest.CommandCounter)
 		rdb.AddHook(c)
