@@ -82,6 +82,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 //		ReadTimeout:           250 * time.Millisecond, // default 3 s
 //		WriteTimeout:          250 * time.Millisecond, // default 3 s
 //		MaxRetries:            1,                      // default 3
+//		DialerRetries:         1,                      // default 5
 //	})
 //
 // The same fields exist in redis.ClusterOptions, redis.FailoverOptions and
