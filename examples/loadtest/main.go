@@ -289,16 +289,9 @@ func openStore(name, addr string, concurrency int) (storage.Store, func(), error
 	}
 	// The options the README recommends for a web
 	// service, and a pool as large as the load.
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		PoolSize:              concurrency + 4,
-		ContextTimeoutEnabled: true,
-		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
-		MaxRetries:            1,
-		DialerRetries:         1,
-	})
+	opt := redisstore.ClientOptions(addr) // what the README recommends
+	opt.PoolSize = concurrency + 4
+	rdb := redis.NewClient(opt)
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		rdb.Close()
 		stopServer()

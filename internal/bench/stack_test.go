@@ -10,7 +10,6 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/gin-gonic/gin"
@@ -197,15 +196,7 @@ var storeKinds = []storeKind{
 		addr := redistest.Addr(tb)
 		// The options the README recommends, so
 		// that the figures are those a user gets.
-		rdb := redis.NewClient(&redis.Options{
-			Addr:                  addr,
-			ContextTimeoutEnabled: true,
-			DialTimeout:           250 * time.Millisecond,
-			ReadTimeout:           250 * time.Millisecond,
-			WriteTimeout:          250 * time.Millisecond,
-			MaxRetries:            1,
-			DialerRetries:         1,
-		})
+		rdb := redis.NewClient(redisstore.ClientOptions(addr))
 		c := new(redistest.CommandCounter)
 		rdb.AddHook(c)
 		tb.Cleanup(func() {

@@ -98,15 +98,7 @@ func OpenStore(addr string) (storage.Store, func()) {
 		s := memstore.New()
 		return s, func() { s.Close() }
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		ContextTimeoutEnabled: true,
-		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
-		MaxRetries:            1,
-		DialerRetries:         1, // go-redis's default, 5, retries a refused dial 4 times, 100 ms apart
-	})
+	rdb := redis.NewClient(redisstore.ClientOptions(addr))
 	return redisstore.New(rdb), func() { rdb.Close() }
 }
 

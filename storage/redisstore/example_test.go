@@ -20,14 +20,9 @@ func Example() {
 	}
 	defer mr.Close()
 
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  mr.Addr(),
-		ContextTimeoutEnabled: true,
-		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
-		MaxRetries:            1,
-	})
+	// The options recommended for a request path: fail fast while Redis
+	// is unreachable.
+	rdb := redis.NewClient(redisstore.ClientOptions(mr.Addr()))
 	defer rdb.Close()
 	store := redisstore.New(rdb, redisstore.WithPrefix("shop:idem:"))
 	ctx := context.Background()

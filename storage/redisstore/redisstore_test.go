@@ -309,14 +309,7 @@ func TestRecommendedOptionsFailFast(t *testing.T) {
 			c.Close()
 		}
 	})
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  l.Addr().String(),
-		ContextTimeoutEnabled: true,
-		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
-		MaxRetries:            1,
-	})
+	rdb := redis.NewClient(redisstore.ClientOptions(l.Addr().String()))
 	t.Cleanup(func() { rdb.Close() })
 	s := redisstore.New(rdb)
 

@@ -19,9 +19,9 @@
 // owner's token to the set "lost" on the count server, and on stdout, so a
 // test can tell which executions may legitimately be followed by another.
 //
-// The Redis client uses the options that redisstore.New recommends for a
-// request path: ContextTimeoutEnabled, 250 ms dial/read/write timeouts,
-// one retry (-redis-timeout and -redis-retries change them). When it
+// The Redis client uses redisstore.ClientOptions, the options recommended
+// for a request path (-redis-timeout, -redis-retries and -dialer-retries
+// change them). When it
 // listens the program prints "listening ADDR" on stdout.
 package main
 
@@ -67,15 +67,10 @@ func main() {
 	log.SetPrefix(fmt.Sprintf("idemserver[%d]: ", os.Getpid()))
 
 	client := func(addr string) *redis.Client {
-		return redis.NewClient(&redis.Options{
-			Addr:                  addr,
-			ContextTimeoutEnabled: true,
-			DialTimeout:           *timeout,
-			ReadTimeout:           *timeout,
-			WriteTimeout:          *timeout,
-			MaxRetries:            *retries,
-			DialerRetries:         *dialRetries,
-		})
+		opt := redisstore.ClientOptions(addr)
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = *timeout, *timeout, *timeout
+		opt.MaxRetries, opt.DialerRetries = *retries, *dialRetries
+		return redis.NewClient(opt)
 	}
 	counts := client(*count)
 	st := watched{Store: redisstore.New(client(*store), redisstore.WithPrefix(*prefix)), counts: counts, failed: new(sync.Map)}
