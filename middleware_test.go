@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -26,6 +27,7 @@ type hookStore struct {
 	complete func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error
 	release  func(ctx context.Context, key, owner string) error
 	extended chan time.Duration // gets each successful Extend's lease, if not nil
+	extends  atomic.Int64       // Extend calls
 }
 
 func (s *hookStore) Acquire(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
@@ -50,6 +52,7 @@ func (s *hookStore) Release(ctx context.Context, key, owner string) error {
 }
 
 func (s *hookStore) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
+	s.extends.Add(1)
 	err := s.Store.Extend(ctx, key, owner, lease)
 	if err == nil && s.extended != nil {
 		s.extended <- lease
@@ -437,4 +440,104 @@ func TestGoexitReleases(t *testing.T) {
 	if n := runs.Load(); n != 2 {
 		t.Fatalf("handler ran %d times, want 2", n)
 	}
+}
+
+// TestHeartbeatRenewsOnlyWhileTheHandlerRuns, on synctest's clock: a
+// handler shorter than lease/3 costs no renewal, a longer one is renewed
+// every lease/3, and none after it returned.
+func TestHeartbeatRenewsOnlyWhileTheHandlerRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		defer mem.Close()
+		s := &hookStore{Store: mem}
+		m, err := idem.New(s, idem.WithLease(300*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(350 * time.Millisecond) // due at 100, 200 and 300 ms
+			io.WriteString(w, "slow")
+		}))
+		quick := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		post := func(h http.Handler, key string) *httptest.ResponseRecorder {
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/o", nil)
+			r.Header.Set("Idempotency-Key", key)
+			h.ServeHTTP(w, r)
+			return w
+		}
+		for i := range 5 { // short handlers never renew
+			post(quick, "quick"+string(rune('a'+i)))
+		}
+		if n := s.extends.Load(); n != 0 {
+			t.Fatalf("%d renewals for handlers shorter than lease/3", n)
+		}
+		if w := post(h, "slow"); w.Body.String() != "slow" {
+			t.Fatalf("slow handler: %d %q", w.Code, w.Body)
+		}
+		if n := s.extends.Load(); n != 3 {
+			t.Fatalf("%d renewals during 350ms with a 300ms lease, want 3", n)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := s.extends.Load(); n != 3 {
+			t.Fatalf("%d renewals after the handler returned, want still 3", n)
+		}
+		if w := post(h, "slow"); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("no replay after a renewed execution: %d", w.Code)
+		}
+	})
+}
+
+// valueKey is a context key of the test's own.
+type valueKey struct{}
+
+// TestFinishContext: the store call that ends an execution keeps the
+// request's values, not its cancellation, is bounded by the lease, and is
+// cancelled once it returned.
+func TestFinishContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		defer mem.Close()
+		var done <-chan struct{}
+		var ctxSeen context.Context
+		s := &hookStore{Store: mem}
+		s.complete = func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
+			ctxSeen = ctx
+			if d, ok := ctx.Deadline(); !ok || d.Sub(time.Now()) != time.Minute {
+				t.Errorf("deadline %v %v, want the lease from now", d, ok)
+			}
+			if ctx.Value(valueKey{}) != "v" {
+				t.Error("the request's values are lost")
+			}
+			done = ctx.Done()
+			if ctx.Err() != nil {
+				t.Errorf("Err %v before the deadline, with the client gone", ctx.Err())
+			}
+			if context.Cause(ctx) != nil {
+				t.Errorf("Cause %v: the request's cancellation leaked in", context.Cause(ctx))
+			}
+			return mem.Complete(ctx, key, owner, rec, ttl)
+		}
+		m, _ := idem.New(s, idem.WithLease(time.Minute))
+		rctx, cancel := context.WithCancel(context.WithValue(context.Background(), valueKey{}, "v"))
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cancel() // the client goes away before the finish
+			io.WriteString(w, "x")
+		}))
+		r := httptest.NewRequestWithContext(rctx, http.MethodPost, "/o", strings.NewReader("body"))
+		r.Header.Set("Idempotency-Key", "k")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+		if ctxSeen == nil {
+			t.Fatal("Complete was not called")
+		}
+		select {
+		case <-done:
+		default:
+			t.Fatal("Done still open after the store call returned")
+		}
+		if !errors.Is(ctxSeen.Err(), context.Canceled) {
+			t.Fatalf("Err after the call %v, want Canceled", ctxSeen.Err())
+		}
+	})
 }

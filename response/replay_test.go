@@ -176,3 +176,65 @@ func TestReplayErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayBinaryMatchesReplay: ReplayBinary writes exactly what
+// UnmarshalBinary followed by Replay writes.
+func TestReplayBinaryMatchesReplay(t *testing.T) {
+	recs := map[string]Record{
+		"plain":     {Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/o/1"}}, Body: []byte(`{"id":42,"status":"created"}`)},
+		"empty":     {Status: 204, Header: http.Header{"X-A": {"1", "2"}, "Content-Type": nil}},
+		"no header": {Status: 200, Body: []byte("x")},
+		"trailers": {Status: 200, Header: http.Header{"Trailer": {"X-Sum"}, "Idempotent-Replayed": {"no"}},
+			Trailer: http.Header{"X-Sum": {"abc"}, "X-Late": {"1", "2"}}, Body: []byte("body")},
+		"not replayable": {Status: 201, NotReplayable: true},
+	}
+	for name, rec := range recs {
+		t.Run(name, func(t *testing.T) {
+			data, err := rec.MarshalBinary()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var dec Record
+			if err := dec.UnmarshalBinary(data); err != nil {
+				t.Fatal(err)
+			}
+			want, got := httptest.NewRecorder(), httptest.NewRecorder()
+			want.Header().Set("Transfer-Encoding", "")
+			got.Header().Set("Transfer-Encoding", "")
+			werr := Replay(want, &dec)
+			status, gerr := ReplayBinary(got, data)
+			if !errors.Is(gerr, werr) && gerr != werr {
+				t.Fatalf("error %v, want %v", gerr, werr)
+			}
+			if status != rec.Status {
+				t.Fatalf("status %d, want %d", status, rec.Status)
+			}
+			if want.Code != got.Code || want.Body.String() != got.Body.String() {
+				t.Fatalf("got %d %q, want %d %q", got.Code, got.Body, want.Code, want.Body)
+			}
+			if w, g := want.Result().Header, got.Result().Header; !sameHeader(w, g) {
+				t.Fatalf("header %v, want %v", g, w)
+			}
+			if w, g := want.Result().Trailer, got.Result().Trailer; !sameHeader(w, g) {
+				t.Fatalf("trailer %v, want %v", g, w)
+			}
+		})
+	}
+	if status, err := ReplayBinary(httptest.NewRecorder(), []byte{1, 0, 0xff}); status != 0 || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt: %d %v", status, err)
+	}
+}
+
+// sameHeader is headerEqual that also tells a name without values (nil)
+// from one with an empty list.
+func sameHeader(a, b http.Header) bool {
+	if !headerEqual(a, b) {
+		return false
+	}
+	for k, va := range a {
+		if (va == nil) != (b[k] == nil) {
+			return false
+		}
+	}
+	return true
+}
