@@ -168,11 +168,3 @@ func (h *hasher) appendStorageKey(b []byte, scope, method, route, key string) []
 	h.buf = appendFields(h.buf[:0], "idem/v1", scope, method, route, key)
 	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
 }
-
-// storageKey is appendStorageKey as a string.
-func storageKey(scope, method, route, key string) string {
-	h := getHasher()
-	defer putHasher(h)
-	var b [storageKeyLen]byte
-	return string(h.appendStorageKey(b[:0], scope, method, route, key))
-}

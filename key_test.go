@@ -100,3 +100,11 @@ func TestStorageKeySeparatesFields(t *testing.T) {
 		}
 	}
 }
+
+// storageKey is appendStorageKey as a string.
+func storageKey(scope, method, route, key string) string {
+	h := getHasher()
+	defer putHasher(h)
+	var b [storageKeyLen]byte
+	return string(h.appendStorageKey(b[:0], scope, method, route, key))
+}

@@ -376,35 +376,55 @@ func (x *exchange) finish(ctx context.Context, cw *response.Capture, skey, owner
 			outcome = NotReplayable
 			rec = response.Record{Status: rec.Status, NotReplayable: true}
 		}
-		if m.keeper != nil {
-			// A buffer of its own, handed over to the store: a store in
-			// memory keeps it rather than a copy.
-			b, encErr := rec.MarshalBinary()
-			if encErr != nil {
-				err = encErr
-			} else if err = m.keeper.CompleteKeep(ctx, skey, owner, b, m.cfg.ttl); retryable(err) {
-				// After an error b is still ours, and nothing else uses it.
-				x.finishLater(outcome, status, err, func(ctx context.Context) error { return m.keeper.CompleteKeep(ctx, skey, owner, b, m.cfg.ttl) })
-				return
-			}
-			break
-		}
-		buf := getBuf()
-		b, encErr := rec.AppendBinary((*buf)[:0])
+		b, buf, encErr := m.encode(&rec)
 		if encErr != nil {
 			err = encErr
-		} else if err = m.store.Complete(ctx, skey, owner, b, m.cfg.ttl); retryable(err) {
-			kept := bytes.Clone(b)
-			x.finishLater(outcome, status, err, func(ctx context.Context) error { return m.store.Complete(ctx, skey, owner, kept, m.cfg.ttl) })
+			break
+		}
+		err = m.complete(ctx, skey, owner, b)
+		retrying := retryable(err)
+		if retrying {
+			kept := b // after an error b is still ours; a pooled one goes back below
+			if buf != nil {
+				kept = bytes.Clone(b)
+			}
+			x.finishLater(outcome, status, err, func(ctx context.Context) error { return m.complete(ctx, skey, owner, kept) })
+		}
+		if buf != nil {
 			*buf = b
 			putBuf(buf)
+		}
+		if retrying {
 			return
 		}
-		*buf = b
-		putBuf(buf)
 	}
 	outcome, err = finishOutcome(outcome, err)
 	x.emit(outcome, status, err)
+}
+
+// encode encodes rec: for a store that keeps records, into a buffer of its
+// own that complete hands over; otherwise into a pooled buffer, returned as
+// buf for the caller to put back.
+func (m *Middleware) encode(rec *response.Record) (b []byte, buf *[]byte, err error) {
+	if m.keeper != nil {
+		b, err = rec.MarshalBinary()
+		return b, nil, err
+	}
+	buf = getBuf()
+	if b, err = rec.AppendBinary((*buf)[:0]); err != nil {
+		putBuf(buf)
+		return nil, nil, err
+	}
+	return b, buf, nil
+}
+
+// complete stores record b for skey, handing b over to a store that keeps
+// records, which the caller then never touches again.
+func (m *Middleware) complete(ctx context.Context, skey, owner string, b []byte) error {
+	if m.keeper != nil {
+		return m.keeper.CompleteKeep(ctx, skey, owner, b, m.cfg.ttl)
+	}
+	return m.store.Complete(ctx, skey, owner, b, m.cfg.ttl)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
