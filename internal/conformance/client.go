@@ -83,15 +83,11 @@ func (s *Server) Outcomes() []idem.Outcome { return s.ev.outcomes() }
 // precede (a hijacked connection is answered by the handler itself).
 func (s *Server) WaitOutcomes(n int) []idem.Outcome {
 	s.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		got := s.Outcomes()
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("the observer reported %v, want %d outcomes", got, n)
-		}
+	got := s.ev.waitLen(n, 10*time.Second)
+	if len(got) < n {
+		s.t.Fatalf("the observer reported %v, want %d outcomes", got, n)
 	}
+	return got
 }
 
 // Reply is what a client received, the body read to the end.

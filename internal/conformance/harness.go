@@ -177,14 +177,43 @@ func (s *spy) Extend(ctx context.Context, key, owner string, lease time.Duration
 
 // events records observer events.
 type events struct {
-	mu  sync.Mutex
-	all []idem.Event
+	mu   sync.Mutex
+	all  []idem.Event
+	grew chan struct{} // closed at the next event, for waitLen; nil if nobody waits
 }
 
 func (e *events) observe(ev idem.Event) {
 	e.mu.Lock()
 	e.all = append(e.all, ev)
+	if e.grew != nil {
+		close(e.grew)
+		e.grew = nil
+	}
 	e.mu.Unlock()
+}
+
+// waitLen waits until at least n events were observed or timeout passed,
+// and returns the outcomes so far.
+func (e *events) waitLen(n int, timeout time.Duration) []idem.Outcome {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		e.mu.Lock()
+		if len(e.all) >= n {
+			e.mu.Unlock()
+			return e.outcomes()
+		}
+		if e.grew == nil {
+			e.grew = make(chan struct{})
+		}
+		grew := e.grew
+		e.mu.Unlock()
+		select {
+		case <-grew:
+		case <-t.C:
+			return e.outcomes()
+		}
+	}
 }
 
 func (e *events) outcomes() []idem.Outcome {
