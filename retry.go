@@ -22,8 +22,10 @@ const (
 // is retried in the background, with backoff, until the store accepts it,
 // answers that the lease is gone (ErrNotOwner) or invalid, or one lease
 // has passed: by then the entry has expired and every attempt would be
-// refused. A store outage shorter than the lease thus costs no second
-// execution. The observer hears the final result, then.
+// refused. The last renewal left the entry at least two thirds of a lease,
+// so a store outage shorter than that costs no second execution. The
+// attempts keep the request's context values (not its cancellation), as the
+// first one did. The observer hears the final result, then.
 //
 // op must own what it uses: the request's buffers are reused once the
 // handler's request has finished.
@@ -32,11 +34,12 @@ func (x *exchange) finishLater(outcome Outcome, status int, first error, op func
 	// stack in the common case.
 	obs, start := x.m.cfg.observer, x.start
 	ev := Event{Method: x.r.Method, Route: x.route, Status: status}
+	base := context.WithoutCancel(x.r.Context())
 	deadline := time.Now().Add(x.m.cfg.lease)
 	go func() {
 		err := first
 		delay := retryFirst
-		t := time.NewTimer(delay)
+		t := time.NewTimer(time.Hour) // set before each wait
 		defer t.Stop()
 		for {
 			left := time.Until(deadline)
@@ -46,7 +49,7 @@ func (x *exchange) finishLater(outcome Outcome, status int, first error, op func
 			t.Reset(min(delay, left))
 			<-t.C
 			delay = min(2*delay, retryMax)
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			ctx, cancel := context.WithDeadline(base, deadline)
 			err = op(ctx)
 			cancel()
 			if !retryable(err) {
