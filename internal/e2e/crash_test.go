@@ -49,7 +49,7 @@ func TestCrashedProcessLeaseExpires(t *testing.T) {
 	// Each handler is running once its execution is counted.
 	waitFor(t, ctx, "the held handlers to run", func() bool {
 		for i := range keys {
-			if n, _ := rdb.LLen(ctx, fmt.Sprintf("exec:crash-%d", i)).Result(); n != 1 {
+			if n, _ := countExecutions(ctx, rdb, fmt.Sprintf("crash-%d", i)); n != 1 {
 				return false
 			}
 		}
@@ -162,7 +162,7 @@ func TestCrashedProcessLeaseExpires(t *testing.T) {
 			bad.add("%s: second execution %v by the killed process or owner", key, ex[1])
 		case orig == nil:
 			bad.add("%s: no retry got the executed answer: %v", key, finals[key])
-		case orig.exec != ex[1].xexec():
+		case orig.exec != ex[1].id():
 			bad.add("%s: executed answer %v is not from the execution %v", key, orig, ex[1])
 		default:
 			for _, r := range finals[key] {

@@ -4,9 +4,15 @@
 // without -race) share real redis-servers, a bounded client in the test
 // sends duplicates across them, and the tests kill processes (kill -9),
 // stall Redis (SIGSTOP/SIGCONT) and kill and restart it. Every execution
-// of the handler is counted outside the middleware, in a Redis list per
-// key, so "exactly once" is checked by counting, and every replay is
-// compared byte for byte with the response of the execution it replays.
+// of the handler is counted outside the middleware, in a Redis hash per
+// key with one field per execution, named by the execution's own id
+// (process id and sequence number in the process), so "exactly once" is
+// checked by counting distinct executions: a record sent again (go-redis
+// resends a command after a read timeout) does not count twice, a second
+// execution in any process does. Every replay is compared byte for byte
+// with the response of the execution it replays. count_test.go tests
+// that count, with servers that record every execution twice and with a
+// store broken on purpose.
 //
 // The tests and what they prove are listed in docs/guarantees.md, with the
 // figures of the last run. They need redis-server on PATH (they skip
@@ -17,6 +23,11 @@
 //	IDEM_E2E_DUPS=5       concurrent duplicates of each key (default 5)
 //	IDEM_E2E_WORKERS=64   requests in flight (default 64)
 //	IDEM_E2E_FIGURES=f    append the figures of the run to the file f
+//	IDEM_E2E_SERVER_FLAGS="-steal-leases"
+//	                      more flags for every idemserver: -steal-leases
+//	                      breaks the store on purpose, so that the tests
+//	                      fail; -record-twice sends every execution's
+//	                      record twice, which they must not notice
 //
 // A larger run:
 //

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -82,11 +83,15 @@ type server struct {
 	once sync.Once
 }
 
-// startServers starts n idemserver processes with the same flags, and
-// kills them when the test ends.
+// startServers starts n idemserver processes with the same flags, then
+// those of IDEM_E2E_SERVER_FLAGS, and kills them when the test ends.
 func startServers(t testing.TB, n int, flags ...string) []*server {
 	t.Helper()
 	bin := serverBinary(t)
+	if extra := strings.Fields(os.Getenv("IDEM_E2E_SERVER_FLAGS")); len(extra) > 0 {
+		t.Logf("IDEM_E2E_SERVER_FLAGS: idemserver %s", strings.Join(extra, " "))
+		flags = append(slices.Clip(flags), extra...)
+	}
 	srvs := make([]*server, n)
 	for i := range srvs {
 		srvs[i] = startServer(t, bin, i, flags)
@@ -411,7 +416,8 @@ func waitFor(t testing.TB, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
-// execution is one line of an exec:<key> list: one run of the handler.
+// execution is one run of the handler: one field of an exec:<key> hash,
+// named by its id, pid-seq.
 type execution struct {
 	pid   int
 	seq   string
@@ -424,32 +430,41 @@ func (e execution) String() string {
 	return fmt.Sprintf("{pid %d seq %s rid %s owner %.8s at %s}", e.pid, e.seq, e.rid, e.owner, e.at.Format("15:04:05.000"))
 }
 
-// xexec is the X-Exec header of the response of this execution.
-func (e execution) xexec() string { return strconv.Itoa(e.pid) + "-" + e.seq }
+// id is the execution's id: its field in exec:<key>, and the X-Exec header
+// of its response.
+func (e execution) id() string { return strconv.Itoa(e.pid) + "-" + e.seq }
 
-func parseExecution(line string) (execution, error) {
+// parseExecution parses the field id of an exec:<key> hash and its value,
+// the line "pid seq request-id owner unix-nanoseconds".
+func parseExecution(id, line string) (execution, error) {
 	f := strings.Fields(line)
 	if len(f) != 5 {
-		return execution{}, fmt.Errorf("exec line %q", line)
+		return execution{}, fmt.Errorf("exec field %s: line %q", id, line)
 	}
 	pid, err1 := strconv.Atoi(f[0])
 	ns, err2 := strconv.ParseInt(f[4], 10, 64)
 	if err1 != nil || err2 != nil {
-		return execution{}, fmt.Errorf("exec line %q", line)
+		return execution{}, fmt.Errorf("exec field %s: line %q", id, line)
 	}
-	return execution{pid: pid, seq: f[1], rid: f[2], owner: f[3], at: time.Unix(0, ns)}, nil
+	e := execution{pid: pid, seq: f[1], rid: f[2], owner: f[3], at: time.Unix(0, ns)}
+	if e.id() != id {
+		return execution{}, fmt.Errorf("exec field %s holds the line of %s: %q", id, e.id(), line)
+	}
+	return e, nil
 }
 
 // executions reads the executions of every key from the count server, in
-// pipelines of 1000 keys.
+// pipelines of 1000 keys, each key's in the order they started. An
+// execution is counted once however many times its record was sent: the
+// count of a key is the number of distinct execution ids in its hash.
 func executions(t testing.TB, ctx context.Context, rdb *redis.Client, keys []string) map[string][]execution {
 	t.Helper()
 	out := make(map[string][]execution, len(keys))
 	for chunk := range slices.Chunk(keys, 1000) {
-		cmds := make([]*redis.StringSliceCmd, len(chunk))
+		cmds := make([]*redis.MapStringStringCmd, len(chunk))
 		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, k := range chunk {
-				cmds[i] = p.LRange(ctx, "exec:"+k, 0, -1)
+				cmds[i] = p.HGetAll(ctx, "exec:"+k)
 			}
 			return nil
 		})
@@ -457,16 +472,24 @@ func executions(t testing.TB, ctx context.Context, rdb *redis.Client, keys []str
 			t.Fatalf("reading executions: %v", err)
 		}
 		for i, k := range chunk {
-			for _, line := range cmds[i].Val() {
-				e, err := parseExecution(line)
+			for id, line := range cmds[i].Val() {
+				e, err := parseExecution(id, line)
 				if err != nil {
 					t.Fatal(err)
 				}
 				out[k] = append(out[k], e)
 			}
+			slices.SortFunc(out[k], func(a, b execution) int {
+				return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.pid, b.pid), cmp.Compare(len(a.seq), len(b.seq)), strings.Compare(a.seq, b.seq))
+			})
 		}
 	}
 	return out
+}
+
+// countExecutions returns the number of executions of key so far.
+func countExecutions(ctx context.Context, rdb *redis.Client, key string) (int64, error) {
+	return rdb.HLen(ctx, "exec:"+key).Result()
 }
 
 // redisClient returns a client of the test's own for addr.

@@ -57,8 +57,27 @@ func TestExactlyOnceAcrossProcesses(t *testing.T) {
 
 	// One execution per key, and every duplicate's final answer is that
 	// execution's response, byte for byte.
-	once := failures{t: t}
-	var executed int
+	once, executed := checkOnce(t, l, execs)
+	once.report("exactly once")
+	if n := rdb.SCard(ctx, "lost").Val(); n != 0 {
+		t.Errorf("%d records could not be stored; servers said:\n%s\n%s\n%s", n, srvs[0].output(), srvs[1].output(), srvs[2].output())
+	}
+	if _, done := checkTTLs(t, ctx, rdb, "idem:", lease, 10*time.Minute); done != keys {
+		t.Errorf("%d records stored, want %d", done, keys)
+	}
+
+	figure(t, "%d keys x %d duplicates over 3 processes, %d in flight: %d requests, %d answered 409 and retried, "+
+		"%d executions, %d replays, in %v (%.0f requests/s)",
+		keys, dups, workers, len(replies), l.n409.Load(), executed, keys*dups-int(l.nExecuted.Load()),
+		ms(elapsed), float64(len(replies))/elapsed.Seconds())
+}
+
+// checkOnce checks that every key of l ran once, counted in execs, and
+// that every duplicate's final answer is that execution's response, byte
+// for byte; it returns the violations, not yet reported, and the number
+// of executions.
+func checkOnce(t testing.TB, l *load, execs map[string][]execution) (once failures, executed int) {
+	once = failures{t: t}
 	for _, key := range l.keys {
 		ex := execs[key]
 		executed += len(ex)
@@ -67,8 +86,8 @@ func TestExactlyOnceAcrossProcesses(t *testing.T) {
 			continue
 		}
 		finals := l.finals[key]
-		if len(finals) != dups {
-			once.add("%s: %d final answers, want %d", key, len(finals), dups)
+		if len(finals) != l.cfg.dups {
+			once.add("%s: %d final answers, want %d", key, len(finals), l.cfg.dups)
 			continue
 		}
 		var orig *reply
@@ -84,7 +103,7 @@ func TestExactlyOnceAcrossProcesses(t *testing.T) {
 		case orig == nil:
 			once.add("%s: no duplicate got the executed answer: %v", key, finals)
 			continue
-		case orig.exec != ex[0].xexec() || orig.rid != ex[0].rid:
+		case orig.exec != ex[0].id() || orig.rid != ex[0].rid:
 			once.add("%s: executed answer %v is not from the execution %v", key, orig, ex[0])
 		}
 		for _, r := range finals {
@@ -93,16 +112,5 @@ func TestExactlyOnceAcrossProcesses(t *testing.T) {
 			}
 		}
 	}
-	once.report("exactly once")
-	if n := rdb.SCard(ctx, "lost").Val(); n != 0 {
-		t.Errorf("%d records could not be stored; servers said:\n%s\n%s\n%s", n, srvs[0].output(), srvs[1].output(), srvs[2].output())
-	}
-	if _, done := checkTTLs(t, ctx, rdb, "idem:", lease, 10*time.Minute); done != keys {
-		t.Errorf("%d records stored, want %d", done, keys)
-	}
-
-	figure(t, "%d keys x %d duplicates over 3 processes, %d in flight: %d requests, %d answered 409 and retried, "+
-		"%d executions, %d replays, in %v (%.0f requests/s)",
-		keys, dups, workers, len(replies), l.n409.Load(), executed, keys*dups-int(l.nExecuted.Load()),
-		ms(elapsed), float64(len(replies))/elapsed.Seconds())
+	return once, executed
 }

@@ -195,7 +195,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 				byExec[r.exec] = r
 			}
 		}
-		last := byExec[ex[len(ex)-1].xexec()]
+		last := byExec[ex[len(ex)-1].id()]
 		if last == nil {
 			once.add("%s: no duplicate got the answer of its last execution %v: %v", key, ex[len(ex)-1], l.finals[key])
 			continue
@@ -208,7 +208,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 			switch {
 			case r.status != http.StatusCreated:
 				once.add("%s: final answer %v", key, r)
-			case !r.replayed && !slices.ContainsFunc(ex, func(e execution) bool { return e.xexec() == r.exec && e.rid == r.rid }):
+			case !r.replayed && !slices.ContainsFunc(ex, func(e execution) bool { return e.id() == r.exec && e.rid == r.rid }):
 				once.add("%s: answer %v is from no execution of %v", key, r, ex)
 			case r.replayed && !r.sameResponse(last):
 				once.add("%s: replay %v differs from the last execution's answer %v", key, r, last)
@@ -281,7 +281,7 @@ func TestRedisRestartWithoutPersistenceForgets(t *testing.T) {
 	if again.status != http.StatusCreated || again.replayed {
 		t.Fatalf("after a restart without persistence: %v, want a new execution", again)
 	}
-	if n := counts.LLen(ctx, "exec:"+key).Val(); n != 2 {
-		t.Fatalf("%d executions, want 2", n)
+	if n, err := countExecutions(ctx, counts, key); n != 2 || err != nil {
+		t.Fatalf("%d executions (%v), want 2", n, err)
 	}
 }

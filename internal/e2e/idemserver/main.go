@@ -5,19 +5,33 @@
 //
 //	idemserver -redis 127.0.0.1:6379 [-count-redis addr] [-lease 30s] [-delay 2ms]
 //
-// POST /orders (protected by an Idempotency-Key) first appends one line to
-// the Redis list exec:<key> on the count server (RPUSH, so the list's
-// length is the number of executions of the key), then, if the request
-// has an X-Hold header, blocks until the client goes away or the process
-// is killed, else waits -delay, then answers 201 with a JSON body that
-// names this execution: process id, sequence number in the process, the
-// request's X-Request-Id and the list length. A replay is that body byte
-// for byte.
+// POST /orders (protected by an Idempotency-Key) first records its
+// execution in the Redis hash exec:<key> on the count server: one field
+// per execution, named by the execution's id "<pid>-<seq>" (process id and
+// sequence number in the process; the response's X-Exec header), holding
+// the line "pid seq request-id owner unix-nanoseconds". HSET of the same
+// field and value changes nothing, so a command sent again (go-redis
+// resends one after a read timeout, and the handler retries a failed one)
+// cannot count one execution twice, while another execution, in this
+// process or another, has another id: the number of fields is the number
+// of executions of the key. Then, if the request has an X-Hold header, the
+// handler blocks until the client goes away or the process is killed, else
+// waits -delay, then answers 201 with a JSON body that names this
+// execution: process id, sequence number, id and the request's
+// X-Request-Id. A replay is that body byte for byte.
 //
 // A record the middleware could not store (Complete failed: the store was
 // unreachable, or the lease was lost) is reported by adding the lease
 // owner's token to the set "lost" on the count server, and on stdout, so a
 // test can tell which executions may legitimately be followed by another.
+//
+// Two flags exist only to test the tests. -record-twice sends each
+// execution's HSET a second time once the first has been stored, as a
+// go-redis resend would, and adds the execution's id to the set "resent"
+// when that second copy found the field already there. -steal-leases
+// breaks the store on purpose: Acquire takes a key held in flight by
+// another owner (it deletes the other's lease and acquires again), so
+// concurrent duplicates run the handler more than once.
 //
 // The Redis client uses redisstore.ClientOptions, the options recommended
 // for a request path (-redis-timeout, -redis-retries and -dialer-retries
@@ -59,6 +73,8 @@ func main() {
 	retries := flag.Int("redis-retries", 1, "go-redis MaxRetries")
 	dialRetries := flag.Int("dialer-retries", 1, "go-redis DialerRetries (its default, 5, retries a refused dial 4 times, 100 ms apart)")
 	failOpen := flag.Bool("fail-open", false, "run the handler unprotected when the store fails (idem.WithFailOpen)")
+	twice := flag.Bool("record-twice", false, "test of the count: send each execution's record twice, as a go-redis resend would")
+	steal := flag.Bool("steal-leases", false, "test of the count: a broken store whose Acquire takes a key held in flight by another owner")
 	flag.Parse()
 	if *count == "" {
 		*count = *store
@@ -73,7 +89,12 @@ func main() {
 		return redis.NewClient(opt)
 	}
 	counts := client(*count)
-	st := watched{Store: redisstore.New(client(*store), redisstore.WithPrefix(*prefix)), counts: counts, failed: new(sync.Map)}
+	records := client(*store)
+	var inner storage.Store = redisstore.New(records, redisstore.WithPrefix(*prefix))
+	if *steal {
+		inner = thief{Store: inner, rdb: records, prefix: *prefix}
+	}
+	st := watched{Store: inner, counts: counts, failed: new(sync.Map)}
 	opts := []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
 	if *failOpen {
 		opts = append(opts, idem.WithFailOpen())
@@ -83,7 +104,7 @@ func main() {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", nethttp.Middleware(m)(&app{counts: counts, delay: *delay}))
+	mux.Handle("POST /orders", nethttp.Middleware(m)(&app{counts: counts, delay: *delay, twice: *twice}))
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -106,22 +127,23 @@ func observe(e idem.Event) {
 type app struct {
 	counts *redis.Client
 	delay  time.Duration
+	twice  bool // -record-twice
 	seq    atomic.Int64
 }
 
 func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	info, _ := idem.FromContext(r.Context())
-	seq := a.seq.Add(1)
+	pid, seq := os.Getpid(), a.seq.Add(1)
+	id := strconv.Itoa(pid) + "-" + strconv.FormatInt(seq, 10)
 	rid := r.Header.Get("X-Request-Id")
 	owner := info.Owner
 	if owner == "" {
 		owner = "-" // unprotected: WithFailOpen ran the handler
 	}
-	line := fmt.Sprintf("%d %d %s %s %d", os.Getpid(), seq, rid, owner, time.Now().UnixNano())
-	n, err := a.counts.RPush(r.Context(), "exec:"+info.Key, line).Result()
-	if err != nil {
+	line := fmt.Sprintf("%d %d %s %s %d", pid, seq, rid, owner, time.Now().UnixNano())
+	if err := a.record(r.Context(), info.Key, id, line); err != nil {
 		// Not counted, so not executed: 500 is not stored, and a retry
-		// runs again.
+		// runs again. (The tests take a 500 as a failure.)
 		http.Error(w, "count: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -131,12 +153,80 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(a.delay)
 	}
 	body, _ := json.Marshal(map[string]any{
-		"key": info.Key, "pid": os.Getpid(), "seq": seq, "rid": rid, "n": n, "protected": info.Protected,
+		"key": info.Key, "pid": pid, "seq": seq, "exec": id, "rid": rid, "protected": info.Protected,
 	})
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Exec", strconv.Itoa(os.Getpid())+"-"+strconv.FormatInt(seq, 10))
+	w.Header().Set("X-Exec", id)
 	w.WriteHeader(http.StatusCreated)
 	w.Write(body)
+}
+
+// record stores the execution id of key: the field id of the hash
+// exec:<key>, holding line. The same HSET sent again changes nothing, so
+// record retries a failed one (its first copy may have been stored, its
+// answer lost) for up to 10 seconds, and an execution is counted once
+// whatever go-redis or record resent. With -record-twice it sends the
+// command once more after it succeeded, and adds id to the set "resent"
+// when that copy found the field there.
+func (a *app) record(ctx context.Context, key, id, line string) error {
+	h := "exec:" + key
+	if err := a.hset(ctx, h, id, line, nil); err != nil || !a.twice {
+		return err
+	}
+	return a.hset(ctx, h, id, line, func(added int64) error {
+		if added != 0 {
+			return nil // not a copy after all: id is not "resent", which the test sees
+		}
+		return a.counts.SAdd(ctx, "resent", id).Err()
+	})
+}
+
+// hset sends HSET h field value until Redis answers it, for up to 10
+// seconds or until ctx ends; then it calls then, if not nil, with the
+// number of fields the command added.
+func (a *app) hset(ctx context.Context, h, field, value string, then func(added int64) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pause := 10 * time.Millisecond
+	for {
+		added, err := a.counts.HSet(ctx, h, field, value).Result()
+		if err == nil {
+			if then != nil {
+				return then(added)
+			}
+			return nil
+		}
+		log.Printf("count %s %s: %v", h, field, err)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
+// thief is the store broken on purpose (-steal-leases), to show that the
+// tests see a second execution: its Acquire takes a key held in flight by
+// another owner, by deleting the other's lease and acquiring again.
+type thief struct {
+	storage.Store
+	rdb    *redis.Client
+	prefix string
+}
+
+func (s thief) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	res, err := s.Store.Acquire(ctx, key, owner, fingerprint, lease)
+	if err != nil || res.State != storage.InFlight {
+		return res, err
+	}
+	if err := s.rdb.Del(ctx, s.prefix+key).Err(); err != nil {
+		return storage.Result{}, err
+	}
+	log.Printf("stole %s", key)
+	return s.Store.Acquire(ctx, key, owner, fingerprint, lease)
 }
 
 // watched is the store, reporting every record it could not store.
