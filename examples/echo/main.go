@@ -29,7 +29,10 @@ func main() { demo.Main(newServer) }
 
 // newServer builds the application: one protected endpoint.
 func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
-	m, err := idem.New(store, idem.WithObserver(env.Observe))
+	m, err := idem.New(store,
+		idem.WithObserver(env.Observe),       // logs each decision
+		idem.WithErrorWriter(env.WriteError), // idem.WriteProblem; a 409 also ends the wait of ?slow=1
+	)
 	if err != nil {
 		return nil, err
 	}

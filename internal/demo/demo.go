@@ -14,6 +14,8 @@ package demo
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -111,9 +113,20 @@ func storeName(addr string) string {
 
 // Env is what an example's application gets besides its store.
 type Env struct {
-	log      *log.Logger
-	conflict chan struct{} // closed at the first 409 for a request in flight
-	once     sync.Once
+	log *log.Logger
+
+	mu sync.Mutex
+	// clicks holds the double clicks under way, by Idempotency-Key. Slow
+	// removes its own; a 409 that comes after its request stopped waiting
+	// (3 s) leaves one finished entry behind, which nothing waits on.
+	clicks map[string]*click
+}
+
+// click is one double click: done is closed once a duplicate of the
+// request in flight has been turned away with 409.
+type click struct {
+	done   chan struct{}
+	closed bool
 }
 
 // NewEnv returns an Env that logs the middleware's decisions to w (nil:
@@ -122,30 +135,68 @@ func NewEnv(w io.Writer) *Env {
 	if w == nil {
 		w = io.Discard
 	}
-	return &Env{log: log.New(w, "", 0), conflict: make(chan struct{})}
+	return &Env{log: log.New(w, "", 0), clicks: make(map[string]*click)}
 }
 
 // Observe is the idem observer the examples install with
 // idem.WithObserver: it logs each decision.
 func (e *Env) Observe(ev idem.Event) {
 	e.log.Printf("idem: %s %s -> %s %d (%v)", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
-	if ev.Outcome == idem.Conflict {
-		e.once.Do(func() { close(e.conflict) })
+}
+
+// WriteError is the idem error writer the examples install with
+// idem.WithErrorWriter. It writes idem's default problem+json body
+// ([idem.WriteProblem]); when that body is the 409 for a duplicate of a
+// ?slow=1 request still in flight, it also lets that request go on (see
+// [Env.Slow]).
+func (e *Env) WriteError(w http.ResponseWriter, r *http.Request, err *idem.Error) {
+	if errors.Is(err, idem.ErrConflict) && r.URL.Query().Get("slow") != "" {
+		e.mu.Lock()
+		c := e.click(r.Header.Get("Idempotency-Key"))
+		if !c.closed {
+			c.closed = true
+			close(c.done)
+		}
+		e.mu.Unlock()
 	}
+	idem.WriteProblem(w, r, err)
+}
+
+// click returns the double click of key, made on first use; e.mu is held.
+func (e *Env) click(key string) *click {
+	c, ok := e.clicks[key]
+	if !ok {
+		c = &click{done: make(chan struct{})}
+		e.clicks[key] = c
+	}
+	return c
 }
 
 // Slow holds a request whose query has slow=1 until the middleware has
-// turned a duplicate of it away with 409, or for 3 seconds, so that the
-// scripted client shows a double click without guessing timings. Other
-// requests pass at once.
+// turned away a duplicate of it (same Idempotency-Key) with 409, or for 3
+// seconds, so that the scripted client shows a double click without
+// guessing timings. Each key is a double click of its own, so any number
+// of them, one after the other or at once, work on one Env. Other requests
+// pass at once.
 func (e *Env) Slow(r *http.Request) {
 	if r.URL.Query().Get("slow") == "" {
 		return
 	}
+	key := r.Header.Get("Idempotency-Key")
+	e.mu.Lock()
+	c := e.click(key) // the 409 may have come first: then done is closed
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		if e.clicks[key] == c {
+			delete(e.clicks, key)
+		}
+		e.mu.Unlock()
+	}()
 	t := time.NewTimer(3 * time.Second)
 	defer t.Stop()
 	select {
-	case <-e.conflict:
+	case <-c.done:
 	case <-t.C:
 	case <-r.Context().Done():
 	}
@@ -171,7 +222,16 @@ type answer struct {
 // (422), and a double click while the first request still runs (one 201,
 // one 409). It returns an error describing every answer that was not the
 // promised one.
+//
+// Each call uses keys of its own, order-1-RUN and order-2-RUN where RUN is
+// 8 random hex digits, as a real client makes a new key per operation: any
+// number of runs, in one process or in several against one Redis, get the
+// same answers.
 func Client(out io.Writer, base string) error {
+	run, err := runID()
+	if err != nil {
+		return err
+	}
 	var errs []error
 	check := func(s step, a answer, err error) {
 		if err != nil {
@@ -186,9 +246,9 @@ func Client(out io.Writer, base string) error {
 	}
 	order1 := `{"item":"book","amount":12}`
 	for _, s := range []step{
-		{title: "first call: the handler runs", key: "order-1", body: order1, status: http.StatusCreated},
-		{title: "the client retries: replayed, the handler does not run again", key: "order-1", body: order1, status: http.StatusCreated, replayed: true},
-		{title: "same key, different body: refused", key: "order-1", body: `{"item":"book","amount":99}`, status: http.StatusUnprocessableEntity},
+		{title: "first call: the handler runs", key: "order-1-" + run, body: order1, status: http.StatusCreated},
+		{title: "the client retries: replayed, the handler does not run again", key: "order-1-" + run, body: order1, status: http.StatusCreated, replayed: true},
+		{title: "same key, different body: refused", key: "order-1-" + run, body: `{"item":"book","amount":99}`, status: http.StatusUnprocessableEntity},
 	} {
 		a, err := send(base, s)
 		check(s, a, err)
@@ -197,7 +257,7 @@ func Client(out io.Writer, base string) error {
 	// A double click: two identical requests at once. Whichever takes the
 	// key first runs (held by Env.Slow until the other was turned away);
 	// the other gets 409.
-	click := step{key: "order-2", body: `{"item":"pen","amount":3}`, query: "?slow=1"}
+	click := step{key: "order-2-" + run, body: `{"item":"pen","amount":3}`, query: "?slow=1"}
 	type result struct {
 		a   answer
 		err error
@@ -218,6 +278,15 @@ func Client(out io.Writer, base string) error {
 	click.title, click.status = "the first request of the double click completes", http.StatusCreated
 	check(click, second.a, second.err)
 	return errors.Join(errs...)
+}
+
+// runID returns 8 random hex digits.
+func runID() (string, error) {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("demo: run id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 func send(base string, s step) (answer, error) {

@@ -1,11 +1,13 @@
 // Package demotest checks an example application with the scripted client
 // of package demo, on the memory store and on Redis (miniredis), so that
-// the README's demo command keeps telling the truth.
+// the README's demo command keeps telling the truth, however often it runs.
 package demotest
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
@@ -13,42 +15,93 @@ import (
 	"github.com/idemkit/idem/storage"
 )
 
-// Run serves the application built by newServer on each store and runs
-// demo.Client against it; any answer other than the promised one fails t.
+// Run serves the application built by newServer and runs demo.Client
+// against it; any answer other than the promised one fails t. On the
+// memory store the client runs twice against one server, as a second
+// Client call in one process does; on Redis two servers, one after the
+// other, each run it once against the same Redis, as two runs of
+// `go run ./examples/... -demo -redis host:port` do.
 func Run(t *testing.T, newServer demo.NewServer) {
 	t.Run("memory", func(t *testing.T) {
 		store, closeStore := demo.OpenStore("")
 		t.Cleanup(closeStore)
-		check(t, newServer, store)
+		s := Serve(t, newServer, store)
+		for run := range 2 {
+			s.Check(t, run)
+		}
 	})
 	t.Run("redis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		store, closeStore := demo.OpenStore(mr.Addr())
-		t.Cleanup(closeStore)
-		check(t, newServer, store)
-		if n := len(mr.Keys()); n != 2 {
-			t.Errorf("Redis holds %d keys after the demo, want 2 (order-1 and order-2): %v", n, mr.Keys())
+		for process := range 2 {
+			store, closeStore := demo.OpenStore(mr.Addr())
+			s := Serve(t, newServer, store)
+			s.Check(t, 0)
+			s.Close()
+			closeStore()
+			if n, want := len(mr.Keys()), 2*(process+1); n != want {
+				t.Errorf("Redis holds %d keys after %d runs, want %d (two keys per run): %v", n, process+1, want, mr.Keys())
+			}
 		}
 	})
 }
 
-func check(t *testing.T, newServer demo.NewServer, store storage.Store) {
-	var log strings.Builder
-	h, err := newServer(store, demo.NewEnv(&log))
+// Server is an example application served on a loopback port.
+type Server struct {
+	*httptest.Server
+	log *logBuffer // the middleware's decisions
+}
+
+// Serve builds the application with newServer on store and serves it until
+// the test ends (or Close).
+func Serve(t *testing.T, newServer demo.NewServer, store storage.Store) *Server {
+	t.Helper()
+	log := new(logBuffer)
+	h, err := newServer(store, demo.NewEnv(log))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	defer srv.Close()
+	s := &Server{Server: httptest.NewServer(h), log: log}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Check runs demo.Client against s, checks its transcript and returns it.
+// run counts the earlier runs against this server: each ran the handler
+// twice, so the first order of this run is the handler's run 2*run+1 and
+// the double click its run 2*run+2.
+func (s *Server) Check(t *testing.T, run int) string {
+	t.Helper()
 	var out strings.Builder
-	if err := demo.Client(&out, srv.URL); err != nil {
-		t.Errorf("%v\ntranscript:%s\nlog:\n%s", err, out.String(), log.String())
+	if err := demo.Client(&out, s.URL); err != nil {
+		t.Errorf("run %d: %v\ntranscript:%s\nlog:\n%s", run, err, out.String(), s.log.String())
+		return out.String()
 	}
+	got := out.String()
+	first, click := fmt.Sprintf(`"handler_runs":%d,`, 2*run+1), fmt.Sprintf(`"handler_runs":%d,`, 2*run+2)
 	// handler_runs shows the handler ran once per key.
-	if got := strings.Count(out.String(), `"handler_runs":1`); got != 2 {
-		t.Errorf("the first order's response appears %d times, want 2 (original and replay):%s", got, out.String())
+	if n := strings.Count(got, first); n != 2 {
+		t.Errorf("run %d: the first order's response (%s) appears %d times, want 2 (original and replay):%s", run, first, n, got)
 	}
-	if !strings.Contains(out.String(), `"handler_runs":2`) || strings.Contains(out.String(), `"handler_runs":3`) {
-		t.Errorf("the double click did not run the handler exactly once more:%s", out.String())
+	if n := strings.Count(got, `"handler_runs":`); n != 3 || !strings.Contains(got, click) {
+		t.Errorf("run %d: want the double click to run the handler exactly once more (%s), and 3 answers with handler_runs:%s", run, click, got)
 	}
+	return got
+}
+
+// logBuffer is a log the server writes while the test may read it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
