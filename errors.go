@@ -50,8 +50,15 @@ var (
 	// Retry-After.
 	ErrStoreUnavailable = errors.New("idempotency store unavailable")
 
-	// ErrCorruptRecord: the stored record cannot be decoded. The handler is
-	// not run again. Status 500.
+	// ErrCanceled: the request's own context ended (the client went away,
+	// or a deadline set before idem passed) while the middleware was asking
+	// the store or waiting for the first request (WithWait); the handler did
+	// not run and nothing was stored. Status 503, with Retry-After. The
+	// client has usually gone; the answer is for a deadline's sake.
+	ErrCanceled = errors.New("request canceled before it was processed")
+
+	// ErrCorruptRecord: the stored record cannot be decoded, or fails its
+	// checksum. The handler is not run again. Status 500.
 	ErrCorruptRecord = errors.New("stored idempotency record corrupt")
 
 	// ErrLeaseLost: the handler outlived its lease and another request took
@@ -127,6 +134,7 @@ var kinds = map[error]kind{
 	ErrNotReplayable:    {"ErrNotReplayable", http.StatusConflict, "Original response not stored"},
 	ErrStoreUnavailable: {"ErrStoreUnavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"},
 	ErrCorruptRecord:    {"ErrCorruptRecord", http.StatusInternalServerError, "Stored response unreadable"},
+	ErrCanceled:         {"ErrCanceled", http.StatusServiceUnavailable, "Request canceled"},
 }
 
 // newError builds the refusal for kind k.

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"strconv"
 	"time"
 )
@@ -19,19 +20,23 @@ const (
 	Conflict
 	// Mismatch: 422, the key was used with a different request.
 	Mismatch
-	// Released: the handler ran (or panicked) and its response was not
-	// cacheable, so the key was released for a retry.
+	// Released: the handler ran and its response was not cacheable (5xx by
+	// default), or it panicked (Err is a *PanicError), so the key was
+	// released for a retry.
 	Released
 	// NotReplayable: the handler ran but its response could not be kept
-	// (too large, hijacked); the key is done and retries get 409.
+	// whole (too large, hijacked, or the connection failed before the
+	// handler had written all it meant to); the key is done and retries get
+	// 409.
 	NotReplayable
 	// Rejected: 400 or 413, the key or the body was refused before any
 	// store access. Err says why.
 	Rejected
 	// StoreError: the store failed. Before the handler this means 503 (or
 	// 500 for a corrupt record); after it, the response was sent but could
-	// not be stored or released even by the retries of the following lease,
-	// and the key frees itself when its lease ends.
+	// not be stored or released even by the retries of the following lease
+	// (Err is the last error the store gave), and the key frees itself when
+	// its lease ends.
 	StoreError
 	// FailedOpen: the store failed and WithFailOpen ran the handler
 	// unprotected.
@@ -39,12 +44,20 @@ const (
 	// LeaseLost: the handler ran but outlived its lease and another request
 	// took the key; nothing was overwritten.
 	LeaseLost
+	// Canceled: the request's own context ended (the client went away, or
+	// a deadline passed) and nothing was stored. Either before the handler
+	// ran, while the store was asked or a duplicate waited (WithWait): the
+	// answer is 503 with ErrCanceled, and the store is not at fault; or while
+	// it ran, when the handler then returned without writing anything: the
+	// key was released, so a retry runs it. Err wraps the context's error.
+	Canceled
 )
 
 var outcomeNames = [...]string{
 	Executed: "executed", Replayed: "replayed", Conflict: "conflict", Mismatch: "mismatch",
 	Released: "released", NotReplayable: "not-replayable", Rejected: "rejected",
 	StoreError: "store-error", FailedOpen: "failed-open", LeaseLost: "lease-lost",
+	Canceled: "canceled",
 }
 
 // String returns the outcome's name in lower case with dashes, such as
@@ -57,20 +70,35 @@ func (o Outcome) String() string {
 }
 
 // Event describes one decision, for metrics, traces and logs. It never
-// holds the idempotency key, the scope or credentials.
+// holds the idempotency key, the scope or credentials. The observer gets
+// one per protected request (see [WithObserver]).
 type Event struct {
+	// Outcome is what was decided.
 	Outcome Outcome
-	// Method and Route of the request; Route is the framework's route
-	// pattern, or the URL path when there is none.
-	Method, Route string
-	// Status sent to the client (0 when the connection was hijacked).
+	// Method is the request's method.
+	Method string
+	// Route is the route pattern the record is scoped by, as every adapter
+	// reports it: "/orders/{id}" on net/http (the pattern without its
+	// method), "/orders/:id" on Gin and Echo; the URL path around a handler
+	// that is not a mux.
+	Route string
+	// Status is the status sent to the client: the handler's, a replay's,
+	// or the refusal's; 0 when the connection was hijacked or for
+	// FailedOpen (the handler's status is not watched).
 	Status int
-	// Duration from the start of the middleware to the decision, including
-	// the handler when it ran.
+	// Duration runs from the start of the middleware to the decision,
+	// including the handler when it ran, and the background retries of the
+	// finish when there were some.
 	Duration time.Duration
 	// Err is nil for Executed, Replayed and Released after a normal
-	// return; otherwise it wraps one of the package's Err values and, for
-	// store failures, the store's error. For Released after a panic it
-	// holds the panic value as text.
+	// return. Otherwise it wraps one of the package's Err values, the
+	// store's error for store failures, a *PanicError when the handler
+	// panicked, or the context's error for Canceled. Use errors.Is and
+	// errors.As.
 	Err error
+	// Context is the request's context, for the trace and request ids that
+	// middleware before idem put in it. For an event sent after a
+	// background retry it keeps those values but is no longer canceled with
+	// the request. Never nil.
+	Context context.Context
 }

@@ -103,10 +103,10 @@ func ExampleWithObserver() {
 	post(srv.URL+"/orders/1/pay", "k", "")
 	post(srv.URL+"/orders/1/pay", "k", "changed")
 	// Output:
-	// event: POST POST /orders/{id}/pay executed 202
+	// event: POST /orders/{id}/pay executed 202
 	// 202 replayed=""
-	// event: POST POST /orders/{id}/pay replayed 202
+	// event: POST /orders/{id}/pay replayed 202
 	// 202 replayed="true"
-	// event: POST POST /orders/{id}/pay mismatch 422
+	// event: POST /orders/{id}/pay mismatch 422
 	// 422 replayed="" application/problem+json
 }

@@ -168,3 +168,31 @@ func (h *hasher) appendStorageKey(b []byte, scope, method, route, key string) []
 	h.buf = appendFields(h.buf[:0], "idem/v1", scope, method, route, key)
 	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
 }
+
+// appendFingerprint appends what identifies the request: by default a
+// hash of the method, path, query, Content-Type and body; fingerprintLen
+// bytes, or none WithoutFingerprint.
+func appendFingerprint(b []byte, h *hasher, cfg *config, r *http.Request, body []byte) []byte {
+	if cfg.noFP {
+		return b
+	}
+	if cfg.fingerprint != nil {
+		h.buf = appendFields(h.buf[:0], "custom", cfg.fingerprint(r, body))
+		return append(b, h.sum128(nil)...)
+	}
+	h.buf = appendFields(h.buf[:0], "default", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
+	return append(b, h.sum128(body)...)
+}
+
+// requestIDs returns the storage key of the request's key on route, a new
+// owner token and the request's fingerprint, all three in one allocation.
+func requestIDs(cfg *config, r *http.Request, route, key string, body []byte) (skey, owner, fp string) {
+	h := getHasher()
+	var a [storageKeyLen + ownerLen + fingerprintLen]byte
+	b := h.appendStorageKey(a[:0], cfg.scope(r), r.Method, route, key)
+	b = appendOwner(b)
+	b = appendFingerprint(b, h, cfg, r, body)
+	putHasher(h)
+	all := string(b)
+	return all[:storageKeyLen], all[storageKeyLen : storageKeyLen+ownerLen], all[storageKeyLen+ownerLen:]
+}

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -278,26 +279,70 @@ func TestWaitGivesUp(t *testing.T) {
 	}
 }
 
-// TestRetryAfterFromLease: the 409's Retry-After is the lease left, in
-// whole seconds rounded up.
-func TestRetryAfterFromLease(t *testing.T) {
-	mem, _ := newMemStore(t)
+// TestRetryAfterEstimate: the 409's Retry-After estimates when the request
+// in flight will be done from how long the route's handler took on its
+// recent runs (the 90th percentile), in whole seconds rounded up, at least
+// 1 and at most the lease left. On today's main it was always the lease
+// left: 30 s for a handler of 0.3 s.
+func TestRetryAfterEstimate(t *testing.T) {
 	for _, tc := range []struct {
-		left time.Duration
+		name string
+		runs []time.Duration // the route's handler durations before the 409
+		left time.Duration   // the lease the request in flight has left
 		want string
-	}{{time.Millisecond, "1"}, {time.Second, "1"}, {1001 * time.Millisecond, "2"}, {29500 * time.Millisecond, "30"}} {
-		store := &hookStore{Store: mem, acquire: func(_ context.Context, _, _, fp string, _ time.Duration) (storage.Result, error) {
-			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: tc.left}, nil
-		}}
-		m, err := idem.New(store)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := serve(nethttp.Middleware(m)(http.NotFoundHandler()), "k", "")
-		if w.Code != http.StatusConflict || w.Header().Get("Retry-After") != tc.want {
-			t.Errorf("lease left %v: %d Retry-After %q, want %s", tc.left, w.Code, w.Header().Get("Retry-After"), tc.want)
-		}
+	}{
+		{"no run yet", nil, 30 * time.Second, "1"},
+		{"fast handler", []time.Duration{300 * time.Millisecond, 200 * time.Millisecond}, 30 * time.Second, "1"},
+		{"slow handler", []time.Duration{2500 * time.Millisecond, 2 * time.Second, 2100 * time.Millisecond}, 30 * time.Second, "3"},
+		{"90th percentile", append(repeat(9, time.Second), 20*time.Second), 30 * time.Second, "1"},
+		{"90th percentile of many", append(repeat(20, time.Second), repeat(12, 7*time.Second)...), 30 * time.Second, "7"},
+		{"at most the lease left", []time.Duration{20 * time.Second}, 4500 * time.Millisecond, "5"},
+		{"at least a second", []time.Duration{20 * time.Second}, time.Millisecond, "1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memstore.New()
+				defer mem.Close()
+				store := &hookStore{Store: mem}
+				store.acquire = func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+					res, err := mem.Acquire(ctx, key, owner, fp, lease)
+					if err == nil && res.State == storage.Done {
+						// The key is taken: report it in flight, as a
+						// duplicate would find it on another instance.
+						return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: tc.left}, nil
+					}
+					return res, err
+				}
+				m, err := idem.New(store)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var next time.Duration
+				h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					time.Sleep(next) // the bubble's clock: no real wait
+				}))
+				for i, d := range tc.runs {
+					next = d
+					serve(h, fmt.Sprint("run-", i), "")
+				}
+				next = 0
+				serve(h, "busy", "")
+				w := serve(h, "busy", "")
+				if w.Code != http.StatusConflict || w.Header().Get("Retry-After") != tc.want {
+					t.Errorf("409 after runs %v with %v of lease left: %d Retry-After %q, want %s",
+						tc.runs, tc.left, w.Code, w.Header().Get("Retry-After"), tc.want)
+				}
+			})
+		})
 	}
+}
+
+func repeat(n int, d time.Duration) []time.Duration {
+	s := make([]time.Duration, n)
+	for i := range s {
+		s[i] = d
+	}
+	return s
 }
 
 // TestOptionsChangeBehaviour checks each option that is not covered by the

@@ -111,11 +111,10 @@ type call struct {
 }
 
 // serve is the handler that Middleware.Serve runs.
-func (x *call) serve(w http.ResponseWriter, r *http.Request) {
+func (x *call) serve(w http.ResponseWriter, r *http.Request, cw *response.Capture) {
 	c := x.c
 	c.SetRequest(r)
-	cw, ok := w.(*response.Capture)
-	if !ok { // not protected: w is c.Response()
+	if cw == nil { // not protected: w is c.Response()
 		x.err = x.next(c)
 		return
 	}

@@ -48,11 +48,10 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 	}
 	return func(c *gin.Context) {
 		ran := false
-		m.Serve(c.Writer, c.Request, c.FullPath(), func(w http.ResponseWriter, r *http.Request) {
+		m.Serve(c.Writer, c.Request, c.FullPath(), func(w http.ResponseWriter, r *http.Request, cw *response.Capture) {
 			ran = true
 			c.Request = r
-			cw, ok := w.(*response.Capture)
-			if !ok { // not protected: w is c.Writer
+			if cw == nil { // not protected: w is c.Writer
 				c.Next()
 				return
 			}
@@ -62,7 +61,11 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 			c.Writer = gw
 			defer func() { c.Writer = orig }()
 			c.Next()
-			if !gw.Written() { // Gin only recorded the status: commit it
+			if !gw.Written() && (gw.set || gw.status != http.StatusOK) {
+				// Gin only recorded the status: commit it. A handler that
+				// set none and wrote nothing is left to the middleware, as
+				// on net/http (an implicit 200, or a release when it gave
+				// up on a canceled request).
 				cw.WriteHeader(gw.status)
 			}
 			// Like Gin's own Context, the writer is reused once the
@@ -82,7 +85,8 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 type writer struct {
 	cw     *response.Capture
 	status int
-	size   int // -1 until the status is committed, then body bytes written
+	set    bool // WriteHeader was called
+	size   int  // -1 until the status is committed, then body bytes written
 }
 
 var _ gin.ResponseWriter = (*writer)(nil)
@@ -93,7 +97,7 @@ func (w *writer) Header() http.Header { return w.cw.Header() }
 
 func (w *writer) WriteHeader(code int) {
 	if code > 0 && !w.Written() {
-		w.status = code
+		w.status, w.set = code, true
 	}
 }
 

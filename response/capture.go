@@ -2,6 +2,7 @@ package response
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,6 +27,14 @@ const sniffLen = 512
 // bytes and, at the end, the trailers. After the handler returns, call
 // [Capture.Finish] and then [Capture.Record].
 //
+// It keeps what the handler wrote, not what the connection accepted: when a
+// write fails because the client went away or a write deadline passed
+// (http.Server.WriteTimeout), the bytes are kept all the same, and the
+// record is replayable only if the handler still wrote the whole body it
+// declared with Content-Length (see [Capture.Record]). Headers that were in
+// the inner writer's header map when the capture was made (set by
+// middleware outside it) are not recorded unless the handler changed them.
+//
 // Besides Write, WriteHeader and Header it implements [http.Flusher],
 // FlushError, [http.Hijacker], [io.StringWriter] and Unwrap, so
 // [http.ResponseController] reaches the inner writer's other features
@@ -42,13 +51,25 @@ type Capture struct {
 	pending     bool  // status committed but not yet sent to w
 	hijacked    bool  // the connection was hijacked
 	overflow    bool  // more than limit body bytes were written
+	broken      bool  // the inner writer failed to take body bytes or a flush
 	finished    bool  // Finish was called
 	declaredLen int64 // Content-Length sent with the status, -1 if none
-	written     int64 // body bytes the inner writer accepted
+	written     int64 // body bytes the handler wrote (and HTTP allowed)
 
 	header http.Header // snapshot taken when the status was sent; reused
 	values []string    // backing array of header's values; reused
 	body   []byte      // up to limit body bytes; capacity reused
+
+	outer     []outerHeader // the inner writer's headers at Reset; reused
+	outerVals []string      // backing array of outer's values; reused
+}
+
+// outerHeader is a header that was in the inner writer's map before the
+// handler ran, with a copy of its values.
+type outerHeader struct {
+	name   string
+	values []string
+	isNil  bool
 }
 
 var (
@@ -62,7 +83,10 @@ var (
 // bytes (limit <= 0 keeps none: any body overflows). omit, which may be nil,
 // reports canonical header names that must not be recorded; the names
 // [Omitted] reports are never recorded whatever omit says. Omitted headers
-// still reach the client.
+// still reach the client. The headers already in w's header map are noted:
+// they belong to whoever set them before the capture (an outer middleware
+// setting a request id or CORS headers), and are recorded only if the
+// handler changes their values.
 func NewCapture(w http.ResponseWriter, limit int, omit func(canonicalName string) bool) *Capture {
 	c := new(Capture)
 	c.Reset(w, limit, omit)
@@ -77,6 +101,8 @@ func NewCapture(w http.ResponseWriter, limit int, omit func(canonicalName string
 func (c *Capture) Reset(w http.ResponseWriter, limit int, omit func(string) bool) {
 	clear(c.header)
 	clear(c.values)
+	clear(c.outer)
+	clear(c.outerVals)
 	body := c.body[:0]
 	if cap(body) > maxPooledBody {
 		body = nil
@@ -89,7 +115,44 @@ func (c *Capture) Reset(w http.ResponseWriter, limit int, omit func(string) bool
 		header:      c.header,
 		values:      c.values[:0],
 		body:        body,
+		outer:       c.outer[:0],
+		outerVals:   c.outerVals[:0],
 	}
+	if w != nil {
+		for k, vv := range w.Header() {
+			i := len(c.outerVals)
+			c.outerVals = append(c.outerVals, vv...)
+			c.outer = append(c.outer, outerHeader{name: k, values: c.outerVals[i:len(c.outerVals):len(c.outerVals)], isNil: vv == nil})
+		}
+	}
+}
+
+// fromOuter reports whether the header name still has the values it had
+// when the capture was made: set outside, and untouched by the handler.
+func (c *Capture) fromOuter(name string, vv []string) bool {
+	for i := range c.outer {
+		o := &c.outer[i]
+		if o.name != name {
+			continue
+		}
+		if o.isNil || vv == nil {
+			return o.isNil == (vv == nil)
+		}
+		return slicesEqual(o.values, vv)
+	}
+	return false
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // Unwrap returns the inner writer, for [http.ResponseController].
@@ -112,6 +175,11 @@ func (c *Capture) Hijacked() bool { return c.hijacked }
 // Overflowed reports whether more than limit body bytes were written. The
 // client still received all of them; the capture kept none.
 func (c *Capture) Overflowed() bool { return c.overflow }
+
+// Broken reports whether the inner writer failed to take body bytes or a
+// flush (the client went away, a write deadline passed): what reached the
+// client is not what the handler wrote.
+func (c *Capture) Broken() bool { return c.broken }
 
 // WriteHeader commits the status code, as net/http does:
 //
@@ -137,9 +205,12 @@ func (c *Capture) WriteHeader(code int) {
 }
 
 // Write writes p to the client (committing an implicit 200 if no status was
-// committed yet) and keeps the part the inner writer accepted. It returns the
-// inner writer's result: after a 204, for example, net/http accepts nothing
-// and returns [http.ErrBodyNotAllowed].
+// committed yet) and keeps it. It returns the inner writer's result. When the
+// inner writer refuses bytes for HTTP's sake (after a 204 net/http accepts
+// nothing and returns [http.ErrBodyNotAllowed]; past the declared
+// Content-Length it returns [http.ErrContentLength]), only what it accepted
+// is kept; when it fails otherwise (the connection is gone), all of p is
+// kept and the capture is [Capture.Broken].
 func (c *Capture) Write(p []byte) (int, error) {
 	if c.hijacked {
 		return c.w.Write(p)
@@ -154,7 +225,7 @@ func (c *Capture) Write(p []byte) (int, error) {
 		c.send(p, "")
 	}
 	n, err := c.w.Write(p)
-	c.keep(p[:clamp(n, len(p))])
+	c.keep(p[:c.taken(n, len(p), err)])
 	return n, err
 }
 
@@ -174,7 +245,7 @@ func (c *Capture) WriteString(s string) (int, error) {
 		c.send(nil, s)
 	}
 	n, err := io.WriteString(c.w, s)
-	c.keepString(s[:clamp(n, len(s))])
+	c.keepString(s[:c.taken(n, len(s), err)])
 	return n, err
 }
 
@@ -199,7 +270,24 @@ func (c *Capture) FlushError() error {
 	if c.pending {
 		c.send(nil, "")
 	}
-	return http.NewResponseController(c.w).Flush()
+	err := http.NewResponseController(c.w).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		c.broken = true
+	}
+	return err
+}
+
+// taken returns how many of the l bytes the handler wrote count as written,
+// given the inner writer's n and err, and notes a broken connection.
+func (c *Capture) taken(n, l int, err error) int {
+	switch {
+	case err == nil && n >= l:
+		return l
+	case errors.Is(err, http.ErrBodyNotAllowed), errors.Is(err, http.ErrContentLength), errors.Is(err, http.ErrHijacked):
+		return clamp(n, l)
+	}
+	c.broken = true
+	return l
 }
 
 // Hijack hijacks the connection through the inner writer (or what it unwraps
@@ -244,11 +332,14 @@ func (c *Capture) Finish() {
 // that has not been done.
 //
 // ok is false when the response cannot be replayed: more than limit body
-// bytes were written, the connection was hijacked, or the body is shorter
-// than the Content-Length the handler declared (the client saw a truncated
-// response; note that this also holds for a HEAD response that declares the
-// length of a body it does not send). rec then only has NotReplayable set and the Status the client
-// got (0 after a hijack, where it is unknown).
+// bytes were written, the connection was hijacked, the body is shorter than
+// the Content-Length the handler declared (note that this also holds for a
+// HEAD response that declares the length of a body it does not send), or the
+// connection failed while the handler wrote ([Capture.Broken]) and the
+// handler had not declared a Content-Length that it then wrote in full: the
+// handler may have stopped early because its writes failed, and nothing
+// tells a complete body from a cut one. rec then only has NotReplayable set
+// and the Status the client got (0 after a hijack, where it is unknown).
 //
 // With ok true, rec.Body aliases the capture's buffer and rec.Header is the
 // capture's header snapshot: both stay valid until [Capture.Reset].
@@ -261,7 +352,8 @@ func (c *Capture) Record() (rec Record, ok bool) {
 	case c.hijacked:
 		return Record{NotReplayable: true}, false
 	case c.overflow,
-		c.declaredLen >= 0 && c.written < c.declaredLen && bodyAllowedForStatus(c.status):
+		c.declaredLen >= 0 && c.written < c.declaredLen && bodyAllowedForStatus(c.status),
+		c.broken && c.declaredLen < 0:
 		return Record{Status: c.status, NotReplayable: true}, false
 	}
 	rec = Record{Status: c.status, Header: c.header, Trailer: c.trailers()}
@@ -313,7 +405,7 @@ func (c *Capture) snapshot(h http.Header) {
 		c.header = make(http.Header, len(h))
 	}
 	for k, vv := range h {
-		if strings.HasPrefix(k, http.TrailerPrefix) || !c.keepName(k) {
+		if strings.HasPrefix(k, http.TrailerPrefix) || !c.keepName(k) || c.fromOuter(k, vv) {
 			continue
 		}
 		if vv == nil {
@@ -362,7 +454,7 @@ func (c *Capture) trailers() http.Header {
 	var t http.Header
 	for k, vv := range h {
 		name, ok := strings.CutPrefix(k, http.TrailerPrefix)
-		if !ok || name == "" || !c.keepName(name) || len(vv) == 0 {
+		if !ok || name == "" || !c.keepName(name) || len(vv) == 0 || c.fromOuter(k, vv) {
 			continue
 		}
 		if t == nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -313,7 +314,7 @@ func (s *setup) hold(tb testing.TB, key string) (release func()) {
 	started, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		s.m.Serve(c.w, c.r, s.adapter.route, func(http.ResponseWriter, *http.Request) {
+		s.m.Serve(c.w, c.r, s.adapter.route, func(http.ResponseWriter, *http.Request, *response.Capture) {
 			close(started)
 			<-stop
 		})

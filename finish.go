@@ -1,0 +1,357 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/response"
+	"github.com/idemkit/idem/storage"
+)
+
+// This file is how an execution ends, whatever its handler did: it
+// returned, panicked or called runtime.Goexit. One path decides what the
+// store must do (keep the response, or release the key), does it on a
+// context the client's disconnect does not cancel, retries it in the
+// background when the store fails, and tells the observer what really
+// happened.
+
+// PanicError is the [Event.Err] of an execution whose handler panicked or
+// called runtime.Goexit. The key was released, so a retry runs the handler
+// again; the panic itself goes on to the recovery middleware outside idem.
+type PanicError struct {
+	// Value is what the handler panicked with; nil after runtime.Goexit.
+	Value any
+	// Goexit is true when the handler called runtime.Goexit (as
+	// testing's t.FailNow does) instead of panicking.
+	Goexit bool
+}
+
+// Error describes the panic with its value.
+func (e *PanicError) Error() string {
+	if e.Goexit {
+		return "idem: handler exited with runtime.Goexit"
+	}
+	return fmt.Sprintf("idem: handler panicked: %v", e.Value)
+}
+
+// Unwrap returns the panic value when it is an error, for errors.Is and
+// errors.As.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// finish ends one execution. It holds what the store calls after the
+// handler and the event need, so that a background retry keeps no
+// reference to the request's exchange, whose buffers are reused.
+type finish struct {
+	m           *Middleware
+	r           *http.Request // the request as the middleware got it
+	route       string        // as events report it
+	start       time.Time     // of the middleware, for Event.Duration
+	skey, owner string
+}
+
+// end ends the execution whose handler has returned (perr nil) or
+// panicked. It stops the lease's renewals and stores the response or
+// releases the key.
+func (f *finish) end(st *handlerState, cw *response.Capture, perr *PanicError) {
+	m := f.m
+	m.beats.stop(&st.beat)
+	outcome, cause := Released, error(nil)
+	switch ctx := f.r.Context(); {
+	case perr != nil:
+		// Nothing is committed on the handler's behalf: the recovery
+		// middleware outside answers.
+		cause = perr
+	case !cw.Committed() && !cw.Hijacked() && ctx.Err() != nil:
+		// The handler gave up on its request (the client went away, a
+		// deadline passed) and wrote nothing: taken as not done.
+		outcome, cause = Canceled, context.Cause(ctx)
+		cw.Finish()
+	default:
+		cw.Finish()
+		if cw.Hijacked() || m.cfg.cacheable(cw.Status()) {
+			f.keep(st, cw)
+			return
+		}
+	}
+	st.fin.start(f.r.Context(), m.cfg.lease)
+	err := m.store.Release(&st.fin, f.skey, f.owner)
+	st.fin.stop()
+	if retryable(err) {
+		f.later(outcome, cw.Status(), cause, err, func(ctx context.Context) error { return m.store.Release(ctx, f.skey, f.owner) })
+		return
+	}
+	outcome, err = settled(outcome, cause, err)
+	f.emit(f.r.Context(), outcome, cw.Status(), err)
+}
+
+// keep stores the captured response: replayable, or, when it could not be
+// kept whole, as done but not replayable.
+func (f *finish) keep(st *handlerState, cw *response.Capture) {
+	rec, ok := cw.Record()
+	status := cw.Status()
+	outcome := Executed
+	if !ok {
+		outcome = NotReplayable
+		rec = response.Record{Status: rec.Status, NotReplayable: true}
+	}
+	b, buf, err := f.encode(&rec)
+	if err == nil {
+		st.fin.start(f.r.Context(), f.m.cfg.lease)
+		err = f.complete(&st.fin, b)
+		st.fin.stop()
+		retrying := retryable(err)
+		if retrying {
+			kept := b // after an error b is still ours; a pooled one goes back below
+			if buf != nil {
+				kept = bytes.Clone(b)
+			}
+			f.later(outcome, status, nil, err, func(ctx context.Context) error { return f.complete(ctx, kept) })
+		}
+		if buf != nil {
+			*buf = b
+			putBuf(buf)
+		}
+		if retrying {
+			return
+		}
+	}
+	outcome, err = settled(outcome, nil, err)
+	f.emit(f.r.Context(), outcome, status, err)
+}
+
+// encode encodes rec: for a store that keeps records, into a buffer of its
+// own that complete hands over; otherwise into a pooled buffer, returned as
+// buf for the caller to put back.
+func (f *finish) encode(rec *response.Record) (b []byte, buf *[]byte, err error) {
+	if f.m.keeper != nil {
+		b, err = rec.MarshalBinary()
+		return b, nil, err
+	}
+	buf = getBuf()
+	if b, err = rec.AppendBinary((*buf)[:0]); err != nil {
+		putBuf(buf)
+		return nil, nil, err
+	}
+	return b, buf, nil
+}
+
+// complete stores record b, handing b over to a store that keeps records,
+// which the caller then never touches again.
+func (f *finish) complete(ctx context.Context, b []byte) error {
+	m := f.m
+	if m.keeper != nil {
+		return m.keeper.CompleteKeep(ctx, f.skey, f.owner, b, m.cfg.ttl)
+	}
+	return m.store.Complete(ctx, f.skey, f.owner, b, m.cfg.ttl)
+}
+
+// emit tells the observer how the execution ended.
+func (f *finish) emit(ctx context.Context, o Outcome, status int, err error) {
+	if obs := f.m.cfg.observer; obs != nil {
+		obs(Event{Outcome: o, Method: f.r.Method, Route: f.route, Status: status,
+			Duration: time.Since(f.start), Err: err, Context: ctx})
+	}
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+func putBuf(b *[]byte) {
+	if cap(*b) <= 64<<10 {
+		bufPool.Put(b)
+	}
+}
+
+// Backoff of the background attempts.
+const (
+	retryFirst = 25 * time.Millisecond
+	retryMax   = time.Second
+)
+
+// later is what happens when the store fails to take the result of an
+// execution (Complete, or Release): the response has gone to the client,
+// and without the record a retry after the lease would run the handler a
+// second time. So the operation is retried in the background, with
+// backoff, until the store accepts it, answers that the lease is gone
+// (ErrNotOwner) or invalid, or one lease has passed: by then the entry has
+// expired and every attempt would be refused. The last renewal left the
+// entry at least two thirds of a lease, so a store outage shorter than that
+// costs no second execution. The attempts keep the request's context
+// values (not its cancellation), as the first one did.
+// [Middleware.Shutdown] waits for them and makes them try at once. The
+// observer hears the final result, with the last error the store itself
+// gave: an attempt cut short by the end of the lease says only that time
+// ran out.
+//
+// op must own what it uses: the request's buffers are reused once the
+// handler's request has finished.
+func (f *finish) later(outcome Outcome, status int, cause, first error, op func(context.Context) error) {
+	m := f.m
+	fc := *f // the goroutine's own copy; f stays on the handler's stack
+	base := context.WithoutCancel(f.r.Context())
+	deadline := time.Now().Add(m.cfg.lease)
+	drain := m.work.add()
+	go func() {
+		defer m.work.done()
+		err := first
+		delay := retryFirst
+		t := time.NewTimer(time.Hour) // set before each wait
+		defer t.Stop()
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				break
+			}
+			t.Reset(min(delay, left))
+			select {
+			case <-t.C:
+			case <-drain: // shutting down: try at once, then without backing off
+				drain, delay = nil, retryFirst
+			}
+			if drain != nil {
+				delay = min(2*delay, retryMax)
+			}
+			ctx, cancel := context.WithDeadline(base, deadline)
+			e := op(ctx)
+			timedOut := ctx.Err() != nil
+			cancel()
+			if !retryable(e) {
+				err = e
+				break
+			}
+			if !timedOut || err == nil {
+				err = e
+			}
+		}
+		outcome, err := settled(outcome, cause, err)
+		fc.emit(base, outcome, status, err)
+	}()
+}
+
+// retryable reports whether a store error after the handler may go away
+// by itself: not a refusal of the lease nor of the arguments.
+func retryable(err error) bool {
+	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid)
+}
+
+// settled is the outcome and error of an execution meant to end with
+// outcome (and cause, such as the handler's panic) whose last store call
+// returned err.
+func settled(outcome Outcome, cause, err error) (Outcome, error) {
+	switch {
+	case errors.Is(err, storage.ErrNotOwner):
+		outcome, err = LeaseLost, fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	case err != nil:
+		outcome = StoreError
+	default:
+		return outcome, cause
+	}
+	if cause != nil {
+		err = errors.Join(cause, err)
+	}
+	return outcome, err
+}
+
+// finishCtx is the context of the store call that ends an execution: like
+// context.WithTimeout(context.WithoutCancel(parent), lease), it keeps the
+// request's values but not its cancellation (the client's disconnect must
+// not stop the finish) and expires after the lease. Unlike it, it makes no
+// channel, timer or wrapper until a store asks for Done, Err or a Value,
+// which the memory store never does.
+type finishCtx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu     sync.Mutex
+	values context.Context // context.WithoutCancel(parent), made on first use
+	done   chan struct{}
+	timer  *time.Timer
+	err    error
+}
+
+// start readies c for one store call, expiring after d.
+func (c *finishCtx) start(parent context.Context, d time.Duration) {
+	c.parent, c.deadline = parent, time.Now().Add(d)
+}
+
+// stop cancels c once the store call has returned, as the cancel function
+// of context.WithTimeout does: Done is closed and Err is context.Canceled
+// unless it had expired.
+func (c *finishCtx) stop() {
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.endLocked(context.Canceled)
+	c.mu.Unlock()
+}
+
+func (c *finishCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *finishCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		if c.err != nil {
+			return closedChan
+		}
+		c.done = make(chan struct{})
+		if d := time.Until(c.deadline); d <= 0 {
+			c.expireLocked()
+		} else {
+			c.timer = time.AfterFunc(d, c.expire)
+		}
+	}
+	return c.done
+}
+
+func (c *finishCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil && !time.Now().Before(c.deadline) {
+		c.expireLocked()
+	}
+	return c.err
+}
+
+func (c *finishCtx) Value(key any) any {
+	c.mu.Lock()
+	if c.values == nil {
+		c.values = context.WithoutCancel(c.parent)
+	}
+	v := c.values
+	c.mu.Unlock()
+	return v.Value(key)
+}
+
+func (c *finishCtx) expire() {
+	c.mu.Lock()
+	c.expireLocked()
+	c.mu.Unlock()
+}
+
+func (c *finishCtx) expireLocked() { c.endLocked(context.DeadlineExceeded) }
+
+// endLocked ends c with err, closing Done, unless it has ended already.
+func (c *finishCtx) endLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	if c.done != nil {
+		close(c.done)
+	}
+}
+
+// closedChan is the Done channel of a finishCtx that ended before anyone
+// asked for it.
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
