@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,4 +355,35 @@ func TestConfig(t *testing.T) {
 	if echoidem.DefaultConfig.Skipper == nil || echoidem.DefaultConfig.Skipper(nil) {
 		t.Error("DefaultConfig.Skipper skips")
 	}
+}
+
+// An Echo middleware before idem's sets a header for each request (a
+// request id): a replay carries the retry's own, not the first request's,
+// and the handler's headers as recorded.
+func TestOuterHeaderNotReplayed(t *testing.T) {
+	eachStore(t, func(t *testing.T, open opener) {
+		var n atomic.Int64
+		e := open(func(e *echo.Echo, m *idem.Middleware) {
+			e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+				return func(c echo.Context) error {
+					c.Response().Header().Set("X-Request-Id", "req-"+strconv.FormatInt(n.Add(1), 10))
+					return next(c)
+				}
+			}, echoidem.Middleware(m))
+			e.POST("/o", func(c echo.Context) error {
+				c.Response().Header().Set("X-Order", "42")
+				return c.JSON(http.StatusCreated, map[string]int{"id": 42})
+			})
+		})
+		first := e.Post("/o", "k", "")
+		retry := e.Post("/o", "k", "")
+		conformance.SameReply(t, first, retry)
+		if first.Header.Get("X-Request-Id") != "req-1" || retry.Header.Get("X-Request-Id") != "req-2" {
+			t.Fatalf("X-Request-Id: first %q, replay %q; want req-1, req-2",
+				first.Header.Get("X-Request-Id"), retry.Header.Get("X-Request-Id"))
+		}
+		if retry.Header.Get("X-Order") != "42" {
+			t.Fatalf("the handler's header was not replayed: %v", retry.Header)
+		}
+	})
 }

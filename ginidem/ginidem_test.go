@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -402,4 +403,33 @@ func TestWriterOnRecorder(t *testing.T) {
 			t.Errorf("%s: %d %q flushed=%v", path, rec.Code, rec.Body, rec.Flushed)
 		}
 	}
+}
+
+// A Gin middleware before idem's sets a header for each request (a request
+// id): a replay carries the retry's own, not the first request's, and the
+// handler's headers as recorded.
+func TestOuterHeaderNotReplayed(t *testing.T) {
+	eachStore(t, func(t *testing.T, open opener) {
+		var n atomic.Int64
+		e := open(func(r *gin.Engine, m *idem.Middleware) {
+			r.Use(func(c *gin.Context) {
+				c.Header("X-Request-Id", "req-"+strconv.FormatInt(n.Add(1), 10))
+				c.Next()
+			}, ginidem.Middleware(m))
+			r.POST("/o", func(c *gin.Context) {
+				c.Header("X-Order", "42")
+				c.JSON(http.StatusCreated, gin.H{"id": 42})
+			})
+		})
+		first := e.Post("/o", "k", "")
+		retry := e.Post("/o", "k", "")
+		conformance.SameReply(t, first, retry)
+		if first.Header.Get("X-Request-Id") != "req-1" || retry.Header.Get("X-Request-Id") != "req-2" {
+			t.Fatalf("X-Request-Id: first %q, replay %q; want req-1, req-2",
+				first.Header.Get("X-Request-Id"), retry.Header.Get("X-Request-Id"))
+		}
+		if retry.Header.Get("X-Order") != "42" {
+			t.Fatalf("the handler's header was not replayed: %v", retry.Header)
+		}
+	})
 }

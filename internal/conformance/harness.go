@@ -226,6 +226,13 @@ func (e *events) outcomes() []idem.Outcome {
 	return out
 }
 
+// list returns a copy of the events so far.
+func (e *events) list() []idem.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]idem.Event(nil), e.all...)
+}
+
 func (e *events) first() idem.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()

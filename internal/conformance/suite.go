@@ -3,6 +3,7 @@ package conformance
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,6 +62,12 @@ func (s *suite) env(routes []Route, opts ...idem.Option) *env {
 // nil: a plain net/http handler in front of the framework, to watch the
 // request as the server hands it over.
 func (s *suite) wrappedEnv(wrap func(http.Handler) http.Handler, routes []Route, opts ...idem.Option) *env {
+	return s.serverEnv(wrap, nil, routes, opts...)
+}
+
+// serverEnv is wrappedEnv with the http.Server configured by conf, when
+// not nil, before it starts (for example its WriteTimeout).
+func (s *suite) serverEnv(wrap func(http.Handler) http.Handler, conf func(*http.Server), routes []Route, opts ...idem.Option) *env {
 	t := s.t
 	store, advance := s.sk.open(t)
 	e := &env{t: t, spy: &spy{Store: store, acquired: make(chan struct{}, 64)}, ev: &events{}, advance: advance}
@@ -72,7 +79,11 @@ func (s *suite) wrappedEnv(wrap func(http.Handler) http.Handler, routes []Route,
 	if wrap != nil {
 		h = wrap(h)
 	}
-	e.srv = httptest.NewServer(h)
+	e.srv = httptest.NewUnstartedServer(h)
+	if conf != nil {
+		conf(e.srv.Config)
+	}
+	e.srv.Start()
 	t.Cleanup(e.srv.Close)
 	return e
 }
@@ -95,6 +106,16 @@ type req struct {
 
 func (e *env) do(q req) reply {
 	e.t.Helper()
+	r, err := e.send(context.Background(), q)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", q.method, q.path, err)
+	}
+	return r
+}
+
+// send sends q with ctx. When the body cannot be read to its end, it
+// returns what was read with the error.
+func (e *env) send(ctx context.Context, q req) (reply, error) {
 	var body io.Reader = strings.NewReader(q.body)
 	if q.chunked {
 		body = io.MultiReader(strings.NewReader(q.body)) // unknown length: sent chunked
@@ -102,9 +123,9 @@ func (e *env) do(q req) reply {
 	if q.method == "" {
 		q.method = http.MethodPost
 	}
-	r, err := http.NewRequest(q.method, e.srv.URL+q.path, body)
+	r, err := http.NewRequestWithContext(ctx, q.method, e.srv.URL+q.path, body)
 	if err != nil {
-		e.t.Fatal(err)
+		return reply{}, err
 	}
 	for k, vs := range q.header {
 		r.Header[k] = vs
@@ -114,14 +135,14 @@ func (e *env) do(q req) reply {
 	}
 	res, err := e.srv.Client().Do(r)
 	if err != nil {
-		e.t.Fatalf("%s %s: %v", q.method, q.path, err)
+		return reply{}, err
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
-		e.t.Fatalf("%s %s: reading body: %v", q.method, q.path, err)
+		err = fmt.Errorf("reading body: %w", err)
 	}
-	return reply{status: res.StatusCode, header: res.Header, body: b, trailer: res.Trailer}
+	return reply{status: res.StatusCode, header: res.Header, body: b, trailer: res.Trailer}, err
 }
 
 // raw sends a request written by hand, for header values that Go's
