@@ -76,3 +76,20 @@ func TestReplies(t *testing.T) {
 		}
 	}
 }
+
+func TestParsePolicy(t *testing.T) {
+	for info, want := range map[string]string{
+		"# Memory\r\nused_memory:1\r\nmaxmemory:0\r\nmaxmemory_policy:allkeys-lru\r\nallocator_frag_ratio:1.0\r\n": "allkeys-lru",
+		"maxmemory_policy:noeviction":            "noeviction",
+		"maxmemory_policy:volatile-ttl\n":        "volatile-ttl",
+		"# Memory\r\nmaxmemory:0\r\n":            "",
+		"":                                       "",
+		"x_maxmemory_policy:allkeys-lru\r\n":     "",
+		"maxmemory_policy_other:allkeys-lru\r\n": "",
+		"# Clients\nconnected_clients:1\r\n":     "",
+	} {
+		if got := parsePolicy(info); got != want {
+			t.Errorf("parsePolicy(%q) = %q, want %q", info, got, want)
+		}
+	}
+}

@@ -17,6 +17,18 @@
 // PEXPIRE takes as "delete now"). Every script gives the same answer when
 // run twice, so go-redis's retries after a timeout are harmless.
 //
+// # Eviction
+//
+// The server must not evict the store's keys: its maxmemory-policy must be
+// noeviction (Redis's default). Under any other policy every key of the
+// store may be evicted under memory pressure, and a duplicate request
+// would then run the handler again, so the store checks the policy at its
+// first use and about once a minute after that, and refuses to work, with
+// [ErrEvictionPolicy], while it evicts: see [New]. A Redis shared with
+// other applications that want eviction (a cache) cannot serve the store:
+// the policy and maxmemory are the server's, for all its databases, so
+// give the store a server of its own. [WithEvictionAllowed] opts out.
+//
 // # Layout
 //
 // An entry is one Redis string under prefix+key:
@@ -51,6 +63,7 @@ const DefaultPrefix = "idem:"
 type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
+	policy
 }
 
 var _ storage.Store = (*Store)(nil)
@@ -67,6 +80,42 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
 // New returns a Store that keeps its entries in rdb. It sends nothing to
 // Redis until used.
+//
+// # Eviction
+//
+// The store refuses to work on a Redis that may evict its keys: an
+// evicted in-flight entry lets a duplicate request run the handler again.
+// Its first operation asks the server for its maxmemory-policy (INFO
+// memory: one round trip, or one per master of a redis.ClusterClient,
+// sent in parallel, or per shard of a redis.Ring) and waits for the
+// answer; from then on the verdict stands for about a minute, after which
+// the next operation starts a check in the background and goes on with
+// the old verdict without waiting. At most one check is in flight; no
+// goroutine outlives it. While the verdict says the server may evict,
+// every operation fails with an error wrapping [ErrEvictionPolicy] that
+// names the policy, without sending its script. So a policy changed at run
+// time (CONFIG SET) is noticed within about a minute, either way.
+//
+//   - Any policy other than noeviction is refused, also with maxmemory 0
+//     (no limit, so nothing is evicted yet): a limit can be set at any
+//     time, and noeviction then costs nothing.
+//   - A server that does not report a policy is not refused: an INFO
+//     answer without the maxmemory_policy field (miniredis answers INFO
+//     memory with an error), an INFO refused with NOPERM by an ACL, or
+//     an unknown or renamed INFO command. The verdict allows, and stands
+//     like any other. Grant +info to the client's ACL user for the check
+//     to work.
+//   - A check that could not be made (a network error or a timeout, a
+//     transient error reply such as LOADING, a master of a cluster that
+//     does not answer) gives no verdict: an older verdict stands, and the
+//     next operation starts another check. Before the first verdict, each
+//     operation waits for a check (or for its context to end, and then
+//     returns the context's error) and, when that check fails, goes on
+//     and succeeds or fails on its own; while Redis is unreachable before
+//     the first verdict, an operation thus takes up to twice as long to
+//     fail.
+//
+// [WithEvictionAllowed] turns the check off.
 //
 // go-redis's defaults suit batch work, not a request path: the context's
 // deadline is ignored (ContextTimeoutEnabled is false), reads wait up to
@@ -89,7 +138,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // redis.ClusterOptions, redis.FailoverOptions and redis.UniversalOptions.
 // Retries are safe: every script gives the same answer when run twice.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{rdb: rdb, prefix: DefaultPrefix}
+	s := &Store{rdb: rdb, prefix: DefaultPrefix, policy: policy{every: policyCheckEvery, now: time.Now}}
 	for _, o := range opts {
 		if o != nil {
 			o(s)
@@ -289,10 +338,13 @@ func ClientOptions(addr string) *redis.Options {
 }
 
 // Acquire implements [storage.Store.Acquire]. Errors wrap
-// [storage.ErrInvalid], or say that Redis could not be reached, failed, or
-// holds a value under the key that is not an entry.
+// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", err)
+	}
+	if err := s.checkPolicy(ctx); err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", err)
 	}
 	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
@@ -348,9 +400,9 @@ func doneResult(v string) (storage.Result, error) {
 }
 
 // Complete implements [storage.Store.Complete]. Errors wrap
-// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
-// not be reached, failed, or holds a value under the key that is not an
-// entry.
+// [storage.ErrNotOwner], [storage.ErrInvalid] or [ErrEvictionPolicy], or
+// say that Redis could not be reached, failed, or holds a value under the
+// key that is not an entry.
 func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
@@ -360,17 +412,17 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 }
 
 // Release implements [storage.Store.Release]. Errors wrap
-// [storage.ErrNotOwner], or say that Redis could not be reached, failed,
-// or holds a value under the key that is not an entry.
+// [storage.ErrNotOwner] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
 	c := &call{key: s.prefix + key}
 	return s.owned(ctx, "release", release, c, owner)
 }
 
 // Extend implements [storage.Store.Extend]. Errors wrap
-// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
-// not be reached, failed, or holds a value under the key that is not an
-// entry.
+// [storage.ErrNotOwner], [storage.ErrInvalid] or [ErrEvictionPolicy], or
+// say that Redis could not be reached, failed, or holds a value under the
+// key that is not an entry.
 func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
 	if lease <= 0 {
 		return fmt.Errorf("redisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
@@ -381,6 +433,9 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 
 // owned runs an owner-checked script and maps its answer.
 func (s *Store) owned(ctx context.Context, op string, sc script, c *call, args ...any) error {
+	if err := s.checkPolicy(ctx); err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
 	reply, err := s.run(ctx, sc, c, args...)
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, replyErr(err))
