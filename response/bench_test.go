@@ -29,6 +29,15 @@ func BenchmarkAppendBinary(b *testing.B) {
 	b.SetBytes(int64(len(buf)))
 }
 
+func BenchmarkMarshalBinary(b *testing.B) {
+	b.ReportAllocs()
+	var data []byte
+	for b.Loop() {
+		data, _ = benchRecord.MarshalBinary()
+	}
+	b.SetBytes(int64(len(data)))
+}
+
 func BenchmarkUnmarshal(b *testing.B) {
 	data, err := benchRecord.MarshalBinary()
 	if err != nil {
@@ -50,6 +59,24 @@ type discardWriter struct{ h http.Header }
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) WriteHeader(int)             {}
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkReplayBinary replays the encoded benchRecord into a writer
+// whose header map is cleared each time.
+func BenchmarkReplayBinary(b *testing.B) {
+	data, err := benchRecord.MarshalBinary()
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := &discardWriter{h: make(http.Header)}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(w.h)
+		if _, err := ReplayBinary(w, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
 
 // BenchmarkCapture writes a 200-byte JSON response through a Capture and
 // takes its record: "new" allocates a Capture per response, "reset" reuses

@@ -20,6 +20,26 @@
 // sniffing), the record holds a Content-Type key with no values, which tells
 // net/http not to sniff on replay.
 //
+// # Encoding and integrity
+//
+// [Record.MarshalBinary] and [Record.AppendBinary] write encoding version 2:
+// the record followed by a CRC-32C of its bytes. [Record.UnmarshalBinary]
+// and [ReplayBinary] verify that checksum before reading anything past the
+// version byte, so a record damaged in the store (one flipped bit is
+// enough) is an error wrapping [ErrCorrupt], which the idem middleware
+// answers with 500 ErrCorruptRecord without replaying it or running the
+// handler again, instead of a replay with a changed status, header or body.
+// The checksum guards against accidents, not against someone who can write
+// the store.
+//
+// Both still accept version 1, the encoding of the releases before the
+// checksum, which has none: such records stay in the store for their TTL
+// (24 hours by default) after an upgrade and replay as before. Those
+// releases cannot read version 2, though: during a rolling upgrade, a retry
+// that reaches a process still on an older release after a newer one
+// stored its record gets 500 ErrCorruptRecord (never a second execution)
+// until the upgrade is complete.
+//
 // # Differences from a bare net/http response writer
 //
 // A Capture behaves like the writer it wraps except in these documented ways:

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/bits"
 	"net/http"
 	"slices"
@@ -13,7 +14,8 @@ import (
 
 // ErrCorrupt is wrapped by every error [Record.UnmarshalBinary] returns: the
 // bytes are not a record this package wrote (truncated, an unknown version,
-// a length past the end, trailing bytes, a status outside 100..999, ...).
+// a checksum mismatch, a length past the end, trailing bytes, a status
+// outside 100..999, ...).
 var ErrCorrupt = errors.New("response: corrupt record")
 
 // Record is a response as the client received it.
@@ -47,35 +49,58 @@ var (
 	_ encoding.BinaryUnmarshaler = (*Record)(nil)
 )
 
-// The encoding, version 1. uvarint is encoding/binary's unsigned varint, in
+// The encoding, version 2. uvarint is encoding/binary's unsigned varint, in
 // its shortest form; a string is a uvarint length followed by its bytes.
 //
-//	version  byte     1
+//	version  byte     2
 //	flags    byte     bit 0: NotReplayable; other bits zero
 //	status   uvarint  100..999, or 0 with NotReplayable
 //	header   uvarint count, then per name in ascending byte order:
 //	         string name, uvarint value count, string values...
 //	trailer  same layout as header
-//	body     uvarint length, then exactly that many bytes, ending the record
+//	body     uvarint length, then exactly that many bytes
+//	crc      4 bytes  big-endian CRC-32C (Castagnoli) of every byte before
+//	                  it, ending the record
 //
-// Every record has exactly one encoding, so equal records give equal bytes.
+// The checksum is verified before anything after the version byte is
+// read, so a record changed in the store (one flipped bit anywhere, or any
+// burst of up to 32) is corrupt rather than replayed with a wrong header or
+// body. It detects accidents, not tampering: anyone who can write the
+// store can write a valid checksum.
+//
+// Version 1, written by the releases before the checksum, is the same
+// layout with the version byte 1 and no crc: the body ends the record.
+// Decoding still accepts it, because such records stay in the store for
+// their TTL (24 hours by default) after an upgrade; a change in one of them
+// is detected only when it breaks the layout. A version 2 record read as
+// version 1 is always corrupt, as its body no longer ends the data.
+//
+// The package writes only version 2, and every record has exactly one
+// version 2 encoding, so equal records give equal bytes.
 const (
 	version1          = 1
+	version2          = 2
+	crcLen            = 4
 	flagNotReplayable = 1 << 0
 	knownFlags        = flagNotReplayable
 )
+
+// castagnoli is the CRC-32C table; crc32 computes it with the CPU's CRC32
+// instruction where there is one.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // validStatus reports whether the record's status can be encoded.
 func (r *Record) validStatus() bool {
 	return (r.Status >= 100 && r.Status <= 999) || (r.Status == 0 && r.NotReplayable)
 }
 
-// AppendBinary appends the record's encoding to b and returns the extended
-// buffer (it implements [encoding.BinaryAppender]). Header names are sorted,
-// so the output depends only on the record's content. With enough capacity
-// in b it does not allocate unless a header map has more than 32 names.
-// It fails only when Status is outside 100..999 (0 is allowed with
-// NotReplayable).
+// AppendBinary appends the record's encoding (version 2, with its
+// checksum) to b and returns the extended buffer (it implements
+// [encoding.BinaryAppender]). Header names are sorted, so the output
+// depends only on the record's content. With enough capacity in b it does
+// not allocate unless a header map has more than 32 names. It fails only
+// when Status is outside 100..999 (0 is allowed with NotReplayable), and
+// then returns b unchanged.
 func (r *Record) AppendBinary(b []byte) ([]byte, error) {
 	if !r.validStatus() {
 		return b, fmt.Errorf("response: cannot encode a record with status %d", r.Status)
@@ -84,12 +109,14 @@ func (r *Record) AppendBinary(b []byte) ([]byte, error) {
 	if r.NotReplayable {
 		flags |= flagNotReplayable
 	}
-	b = append(b, version1, flags)
+	start := len(b)
+	b = append(b, version2, flags)
 	b = binary.AppendUvarint(b, uint64(r.Status))
 	b = appendHeader(b, r.Header)
 	b = appendHeader(b, r.Trailer)
 	b = binary.AppendUvarint(b, uint64(len(r.Body)))
-	return append(b, r.Body...), nil
+	b = append(b, r.Body...)
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli)), nil
 }
 
 // MarshalBinary returns the record's encoding in a buffer of exactly the
@@ -101,7 +128,7 @@ func (r *Record) MarshalBinary() ([]byte, error) {
 // encodedLen returns the length of the record's encoding.
 func (r *Record) encodedLen() int {
 	return 2 + uvarintLen(uint64(r.Status)) + headerLen(r.Header) + headerLen(r.Trailer) +
-		uvarintLen(uint64(len(r.Body))) + len(r.Body)
+		uvarintLen(uint64(len(r.Body))) + len(r.Body) + crcLen
 }
 
 func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
@@ -147,13 +174,17 @@ func appendHeader(b []byte, h http.Header) []byte {
 }
 
 // UnmarshalBinary decodes a record written by [Record.MarshalBinary] or
-// [Record.AppendBinary] into r.
+// [Record.AppendBinary] into r: a version 2 record, whose checksum it
+// verifies before reading anything past the version byte, or a version 1
+// record written by an earlier release, which has no checksum.
 //
 // The decoded Body aliases data: it is not copied, so data must not be
-// modified while the record is in use. Header names and values are copied
-// (all of them in one allocation). Malformed input returns an error wrapping
-// [ErrCorrupt] and leaves r unchanged; decoding never panics and allocates at
-// most in proportion to len(data).
+// modified while the record is in use; its capacity ends with the body, so
+// appending to it never writes into data. Header names and values are
+// copied (all of them in one allocation). Malformed input, including a
+// checksum mismatch, returns an error wrapping [ErrCorrupt] and leaves r
+// unchanged; decoding never panics and allocates at most in proportion to
+// len(data).
 func (r *Record) UnmarshalBinary(data []byte) error {
 	l, err := parseLayout(data)
 	if err != nil {
@@ -171,8 +202,8 @@ func (r *Record) UnmarshalBinary(data []byte) error {
 		rec.Header = b.header(l.hn)
 		rec.Trailer = b.header(l.tn)
 	}
-	if l.body < len(data) {
-		rec.Body = data[l.body:len(data):len(data)]
+	if l.body < l.bodyEnd {
+		rec.Body = data[l.body:l.bodyEnd:l.bodyEnd]
 	}
 	*r = rec
 	return nil
@@ -185,17 +216,31 @@ type layout struct {
 	start, end    int // the header and trailer sections: data[start:end]
 	hn, hv        int // names and values in the header section
 	tn, tv        int // names and values in the trailer section
-	body          int // offset of the body, which ends the data
+	body, bodyEnd int // the body: data[body:bodyEnd]
 }
 
-// parseLayout checks the whole encoding without allocating (unless it is
-// corrupt) and says where its parts are.
+// parseLayout checks the whole encoding, version 2 or 1, without allocating
+// (unless it is corrupt) and says where its parts are. A version 2 record's
+// checksum is verified first: nothing after its version byte is read, no
+// length trusted, before it matches.
 func parseLayout(data []byte) (layout, error) {
 	d := decoder{data: data}
 	if len(data) < 2 {
 		return layout{}, d.corrupt("truncated")
 	}
-	if data[0] != version1 {
+	switch data[0] {
+	case version1:
+	case version2:
+		if len(data) < 2+crcLen {
+			return layout{}, d.corrupt("truncated")
+		}
+		n := len(data) - crcLen
+		if crc32.Checksum(data[:n], castagnoli) != binary.BigEndian.Uint32(data[n:]) {
+			return layout{}, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
+		}
+		// The rest is the version 1 layout, ending before the checksum.
+		d.data = data[:n]
+	default:
 		return layout{}, fmt.Errorf("%w: unknown version %d", ErrCorrupt, data[0])
 	}
 	flags := data[1]
@@ -221,13 +266,13 @@ func parseLayout(data []byte) (layout, error) {
 	if d.err != "" {
 		return layout{}, d.corrupt(d.err)
 	}
-	if rest := uint64(len(data) - d.off); bodyLen != rest {
+	if rest := d.remaining(); bodyLen != rest {
 		if bodyLen > rest {
 			return layout{}, d.corrupt("body length past the end")
 		}
 		return layout{}, d.corrupt("trailing bytes")
 	}
-	l.body = d.off
+	l.body, l.bodyEnd = d.off, len(d.data)
 	return l, nil
 }
 

@@ -100,15 +100,18 @@ func cloneValues(vv, values []string) (clone, rest []string) {
 }
 
 // ReplayBinary writes the record that data encodes (see
-// [Record.AppendBinary]) to w, exactly as UnmarshalBinary followed by
-// [Replay] would, without building the Record: it allocates one string for
-// all header names and values and one slice for the values, which the
-// replayed header map then owns.
+// [Record.AppendBinary]) to w, exactly as [Record.UnmarshalBinary] followed
+// by [Replay] would, without building the Record: it allocates one string
+// for all header names and values and one slice for the values, which the
+// replayed header map then owns. Like UnmarshalBinary it accepts version 2
+// records, whose checksum it verifies first, and the version 1 records
+// of earlier releases, which have none.
 //
 // It checks the whole encoding before writing anything. It returns status
-// 0 and an error wrapping [ErrCorrupt] for bytes that are not a record, and
-// the record's status with [ErrNotReplayable] itself for a NotReplayable
-// record; it writes nothing in either case. Otherwise it returns the
+// 0 and an error wrapping [ErrCorrupt] for bytes that are not a record
+// (including a checksum mismatch), and the record's status with
+// [ErrNotReplayable] itself for a NotReplayable record; it writes nothing,
+// not even to w's header map, in either case. Otherwise it returns the
 // record's status and the error of the body's Write.
 func ReplayBinary(w http.ResponseWriter, data []byte) (status int, err error) {
 	l, err := parseLayout(data)
@@ -118,7 +121,7 @@ func ReplayBinary(w http.ResponseWriter, data []byte) (status int, err error) {
 	if l.notReplayable {
 		return l.status, ErrNotReplayable
 	}
-	body := data[l.body:]
+	body := data[l.body:l.bodyEnd]
 
 	// One string holds the header bytes and the Content-Length digits.
 	var digits [20]byte
