@@ -17,6 +17,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log"
@@ -24,7 +25,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -53,25 +57,39 @@ func main() {
 		log.Fatalf("-upstream %q: not an absolute URL", *upstream)
 	}
 	store, closeStore := demo.OpenStore(*redisAddr)
-	defer closeStore()
-	h, err := newGateway(store, target)
+	h, m, err := newGateway(store, target)
 	if err != nil {
 		log.Fatal(err)
 	}
-	log.Printf("gateway on http://%s -> %s", *addr, target)
-	srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("gateway on http://%s -> %s", ln.Addr(), target)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+
+	// A deploy stops the gateway with SIGTERM: the server first (the
+	// requests in flight finish), then the middleware (their records are
+	// stored), then the store.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	<-ctx.Done()
+	stop()
+	if err := demo.Shutdown(srv, m, closeStore, 30*time.Second); err != nil {
+		log.Fatal(err)
+	}
 }
 
-// newGateway returns a reverse proxy to target, protected by idem.
-func newGateway(store storage.Store, target *url.URL) (http.Handler, error) {
+// newGateway returns a reverse proxy to target, protected by idem, and the
+// middleware that protects it.
+func newGateway(store storage.Store, target *url.URL) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store,
 		// The upstream may be slow: a duplicate waits for the first
 		// request's answer instead of getting 409 at once.
 		idem.WithWait(10*time.Second),
 	)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
@@ -81,7 +99,7 @@ func newGateway(store storage.Store, target *url.URL) (http.Handler, error) {
 		// An unreachable upstream answers 502: not stored, so a retry
 		// tries the upstream again.
 	}
-	return nethttp.Middleware(m)(proxy), nil
+	return nethttp.Middleware(m)(proxy), m, nil
 }
 
 // countingUpstream answers every request with how many it has served.

@@ -20,7 +20,7 @@ func TestGateway(t *testing.T) {
 	target, _ := url.Parse(up.URL)
 	store, closeStore := demo.OpenStore("")
 	defer closeStore()
-	h, err := newGateway(store, target)
+	h, _, err := newGateway(store, target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestGateway(t *testing.T) {
 	up2 := httptest.NewServer(countingUpstream())
 	defer up2.Close()
 	target2, _ := url.Parse(up2.URL)
-	h2, err := newGateway(store, target2) // same store, new upstream address
+	h2, _, err := newGateway(store, target2) // same store, new upstream address
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,14 +29,16 @@ func main() {
 	demo.Main(newServer)
 }
 
-// newServer builds the application: one protected endpoint.
-func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
+// newServer builds the application: one protected endpoint. It returns the
+// middleware too, whose Shutdown demo.Main calls after the server's, so
+// that a deploy does not lose the record of a finished request.
+func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store,
 		idem.WithObserver(env.Observe),       // logs each decision
 		idem.WithErrorWriter(env.WriteError), // idem.WriteProblem; a 409 also ends the wait of ?slow=1
 	)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var orders atomic.Int64
 	r := gin.New()
@@ -52,5 +54,5 @@ func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
 		c.Header("Location", fmt.Sprintf("/orders/%d", n))
 		c.JSON(http.StatusCreated, gin.H{"order": n, "item": in.Item, "amount": in.Amount, "handler_runs": n})
 	})
-	return r, nil
+	return r, m, nil
 }

@@ -23,14 +23,16 @@ import (
 
 func main() { demo.Main(newServer) }
 
-// newServer builds the application: one protected endpoint.
-func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
+// newServer builds the application: one protected endpoint. It returns the
+// middleware too, whose Shutdown demo.Main calls after the server's, so
+// that a deploy does not lose the record of a finished request.
+func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store,
 		idem.WithObserver(env.Observe),       // logs each decision
 		idem.WithErrorWriter(env.WriteError), // idem.WriteProblem; a 409 also ends the wait of ?slow=1
 	)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var orders atomic.Int64
 	create := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -48,5 +50,5 @@ func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", nethttp.Middleware(m)(create))
-	return mux, nil
+	return mux, m, nil
 }

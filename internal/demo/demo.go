@@ -24,8 +24,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -42,8 +44,10 @@ type Order struct {
 }
 
 // NewServer builds an example's application on store. env gives it the
-// observer to install and the hook for slow requests.
-type NewServer func(store storage.Store, env *Env) (http.Handler, error)
+// observer to install and the hook for slow requests. It returns the
+// application's handler and its idem middleware, which is shut down after
+// the server.
+type NewServer func(store storage.Store, env *Env) (http.Handler, *idem.Middleware, error)
 
 // Main is an example's main function: it parses the flags
 //
@@ -51,9 +55,11 @@ type NewServer func(store storage.Store, env *Env) (http.Handler, error)
 //	-redis host:port       use Redis; default: the in-memory store
 //	-demo                  serve on a free port, run the scripted client, exit
 //
-// builds the application with newServer and serves it until killed, or,
-// with -demo, runs [Client] against it and exits with status 1 if any
-// answer was not the one the kit promises.
+// builds the application with newServer and serves it until SIGINT or
+// SIGTERM, or, with -demo, runs [Client] against it and exits with status 1
+// if any answer was not the one the kit promises. Either way it shuts down
+// in the order a deploy needs: the server (no new request; the handlers
+// finish), then the middleware (their records are stored), then the store.
 func Main(newServer NewServer) {
 	log.SetFlags(0)
 	addr := flag.String("addr", "localhost:8080", "listen address")
@@ -62,9 +68,8 @@ func Main(newServer NewServer) {
 	flag.Parse()
 
 	store, closeStore := OpenStore(*redisAddr)
-	defer closeStore()
 	env := NewEnv(os.Stderr)
-	h, err := newServer(store, env)
+	h, m, err := newServer(store, env)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -77,18 +82,38 @@ func Main(newServer NewServer) {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	defer srv.Shutdown(context.Background())
 
+	var failed error
 	if *demo {
-		if err := Client(os.Stdout, "http://"+ln.Addr().String()); err != nil {
-			closeStore()
-			log.Fatal(err)
-		}
-		return
+		failed = Client(os.Stdout, "http://"+ln.Addr().String())
+	} else {
+		log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), storeName(*redisAddr))
+		log.Printf("  curl -i -X POST http://%s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr())
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+		log.Print("shutting down")
 	}
-	log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), storeName(*redisAddr))
-	log.Printf("  curl -i -X POST http://%s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr())
-	select {}
+	if err := Shutdown(srv, m, closeStore, 30*time.Second); err != nil {
+		log.Print(err)
+	}
+	if failed != nil {
+		log.Fatal(failed)
+	}
+}
+
+// Shutdown stops an application in the order a deploy needs, within
+// timeout: srv.Shutdown (no new request; the handlers return), then
+// m.Shutdown (their records are stored, background retries included), then
+// closeStore.
+func Shutdown(srv *http.Server, m *idem.Middleware, closeStore func(), timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	defer closeStore()
+	if err := srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("server shutdown: %w", err)
+	}
+	return m.Shutdown(ctx)
 }
 
 // OpenStore returns the in-memory store for an empty addr, else a Redis

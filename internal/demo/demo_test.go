@@ -22,10 +22,10 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // newServer is examples/nethttp's application.
-func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
+func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store, idem.WithObserver(env.Observe), idem.WithErrorWriter(env.WriteError))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var orders atomic.Int64
 	mux := http.NewServeMux()
@@ -41,7 +41,7 @@ func newServer(store storage.Store, env *demo.Env) (http.Handler, error) {
 		w.WriteHeader(http.StatusCreated)
 		json.NewEncoder(w).Encode(map[string]any{"order": n, "item": in.Item, "amount": in.Amount, "handler_runs": n})
 	})))
-	return mux, nil
+	return mux, m, nil
 }
 
 var keyRE = regexp.MustCompile(`Idempotency-Key: (order-[12]-[0-9a-f]{8})'`)

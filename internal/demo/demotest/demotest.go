@@ -56,7 +56,7 @@ type Server struct {
 func Serve(t *testing.T, newServer demo.NewServer, store storage.Store) *Server {
 	t.Helper()
 	log := new(logBuffer)
-	h, err := newServer(store, demo.NewEnv(log))
+	h, _, err := newServer(store, demo.NewEnv(log))
 	if err != nil {
 		t.Fatal(err)
 	}
