@@ -24,8 +24,11 @@
 //  4. The handler runs with the body unchanged, its response streams to the
 //     client and a copy is kept; the lease is renewed every lease/3.
 //  5. One store round trip stores the response for the TTL, or releases
-//     the key when the status is not cacheable (5xx) or the handler
-//     panicked.
+//     the key when the status is not cacheable (5xx), the handler
+//     panicked, or it returned without writing anything after its
+//     request's context ended. A failed store call is retried in the
+//     background for up to one lease; [Middleware.Shutdown] waits for
+//     those retries, so call it after http.Server.Shutdown in a deploy.
 //
 // Refusals are RFC 9457 problem responses whose Kind is one of the Err
 // values below, so tests and error writers can use errors.Is.

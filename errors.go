@@ -32,7 +32,10 @@ var (
 	ErrBodyRead = errors.New("request body unreadable")
 
 	// ErrConflict: a request with the same key is still being processed.
-	// Status 409, with Retry-After.
+	// Status 409, with Retry-After: an estimate of when it will be done,
+	// from the route's recent handler durations in this process (their
+	// 90th percentile), at least 1 second and at most the lease it has
+	// left; 1 second for a route that has not run here yet.
 	ErrConflict = errors.New("request with this idempotency key in progress")
 
 	// ErrMismatch: the key was already used with a different request
@@ -40,9 +43,11 @@ var (
 	ErrMismatch = errors.New("idempotency key reused with a different request")
 
 	// ErrNotReplayable: the original request completed but its response
-	// could not be stored (larger than WithMaxResponseBody, or the
-	// connection was hijacked), so it cannot be replayed; the handler is not
-	// run again. Status 409.
+	// could not be stored whole (larger than WithMaxResponseBody, the
+	// connection was hijacked, or the connection failed while the handler
+	// wrote a body without Content-Length, so that nothing tells whether
+	// the handler wrote it all), so it cannot be replayed; the handler is
+	// not run again. Status 409.
 	ErrNotReplayable = errors.New("original response not stored")
 
 	// ErrStoreUnavailable: the store could not be reached or is full, and

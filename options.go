@@ -114,8 +114,9 @@ func WithTTL(d time.Duration) Option {
 // only how long a key stays locked after its process died. It also bounds
 // how long the middleware retries storing a response when the store fails
 // after the handler: a store outage shorter than two thirds of the lease
-// never costs a second execution. Default 30 seconds; at least 30
-// milliseconds.
+// never costs a second execution; a store that cannot write for longer
+// (down, or Redis at maxmemory answering OOM) cannot prevent one.
+// Default 30 seconds; at least 30 milliseconds.
 func WithLease(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 30*time.Millisecond {
@@ -129,7 +130,9 @@ func WithLease(d time.Duration) Option {
 // WithWait makes a duplicate that arrives while the first request is in
 // flight wait up to d for it to finish, then get its response (or run the
 // handler, if the first released the key), instead of an immediate 409.
-// Default 0: no waiting. Negative is invalid.
+// A duplicate whose own context ends while it waits (its client gave up)
+// stops waiting: outcome Canceled, 503 ErrCanceled, never a run of the
+// handler. Default 0: no waiting. Negative is invalid.
 func WithWait(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
@@ -236,8 +239,10 @@ func DefaultCacheable(status int) bool {
 
 // WithFailOpen runs the handler unprotected when the store cannot be
 // reached, instead of answering 503 (ErrStoreUnavailable). The observer
-// gets a FailedOpen event for each such request. Only for endpoints where a
-// duplicate is cheaper than an outage.
+// gets a FailedOpen event for each such request. A store call that fails
+// because the request's own context ended (the client gave up, a deadline
+// passed) is not a store failure and never fails open. Only for endpoints
+// where a duplicate is cheaper than an outage.
 func WithFailOpen() Option {
 	return func(c *config) error { c.failOpen = true; return nil }
 }
@@ -259,7 +264,8 @@ func WithErrorWriter(fn ErrorWriter) Option {
 // fails to take the result of an execution (Complete, or Release for a
 // response that is not stored), the middleware retries in the background
 // for up to one lease, and fn is called from there with the final outcome.
-// fn must be safe for concurrent use and quick. Default none; a nil
+// fn must be safe for concurrent use and quick. [Middleware.Shutdown]
+// returns after the last of those background calls. Default none; a nil
 // function is invalid.
 func WithObserver(fn func(Event)) Option {
 	return func(c *config) error {
