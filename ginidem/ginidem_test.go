@@ -422,14 +422,6 @@ func TestOuterHeaderNotReplayed(t *testing.T) {
 			})
 		})
 		first := e.Post("/o", "k", "")
-		retry := e.Post("/o", "k", "")
-		conformance.SameReply(t, first, retry)
-		if first.Header.Get("X-Request-Id") != "req-1" || retry.Header.Get("X-Request-Id") != "req-2" {
-			t.Fatalf("X-Request-Id: first %q, replay %q; want req-1, req-2",
-				first.Header.Get("X-Request-Id"), retry.Header.Get("X-Request-Id"))
-		}
-		if retry.Header.Get("X-Order") != "42" {
-			t.Fatalf("the handler's header was not replayed: %v", retry.Header)
-		}
+		conformance.WantOwnHeaders(t, first, e.Post("/o", "k", ""))
 	})
 }

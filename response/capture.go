@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -138,21 +139,9 @@ func (c *Capture) fromOuter(name string, vv []string) bool {
 		if o.isNil || vv == nil {
 			return o.isNil == (vv == nil)
 		}
-		return slicesEqual(o.values, vv)
+		return slices.Equal(o.values, vv)
 	}
 	return false
-}
-
-func slicesEqual(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Unwrap returns the inner writer, for [http.ResponseController].

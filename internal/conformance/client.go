@@ -152,6 +152,21 @@ func SameReply(t *testing.T, orig, r Reply) {
 	}
 }
 
+// WantOwnHeaders requires retry, a replay of first, to carry the
+// X-Request-Id a middleware before idem's set for each request (req-1, then
+// req-2), not the first request's, and the handler's X-Order: 42.
+func WantOwnHeaders(t *testing.T, first, retry Reply) {
+	t.Helper()
+	SameReply(t, first, retry)
+	if first.Header.Get("X-Request-Id") != "req-1" || retry.Header.Get("X-Request-Id") != "req-2" {
+		t.Fatalf("X-Request-Id: first %q, replay %q; want req-1, req-2",
+			first.Header.Get("X-Request-Id"), retry.Header.Get("X-Request-Id"))
+	}
+	if retry.Header.Get("X-Order") != "42" {
+		t.Fatalf("the handler's header was not replayed: %v", retry.Header)
+	}
+}
+
 // WantReplayed requires orig to have status and body, a POST of an empty
 // body to path with key to replay it ([SameReply]), and the handler to have
 // run once in all.
