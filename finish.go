@@ -85,7 +85,10 @@ func (f *finish) end(st *handlerState, cw *response.Capture, perr *PanicError) {
 	err := m.store.Release(&st.fin, f.skey, f.owner)
 	st.fin.stop()
 	if retryable(err) {
-		f.later(outcome, cw.Status(), cause, err, func(ctx context.Context) error { return m.store.Release(ctx, f.skey, f.owner) })
+		// The closure takes copies: capturing f would move it to the heap
+		// for every execution, not only for those that retry.
+		skey, owner := f.skey, f.owner
+		f.later(outcome, cw.Status(), cause, err, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
 		return
 	}
 	outcome, err = settled(outcome, cause, err)
@@ -113,7 +116,8 @@ func (f *finish) keep(st *handlerState, cw *response.Capture) {
 			if buf != nil {
 				kept = bytes.Clone(b)
 			}
-			f.later(outcome, status, nil, err, func(ctx context.Context) error { return f.complete(ctx, kept) })
+			fc := *f // a copy, for the reason given in end
+			f.later(outcome, status, nil, err, func(ctx context.Context) error { return fc.complete(ctx, kept) })
 		}
 		if buf != nil {
 			*buf = b
