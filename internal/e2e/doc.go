@@ -12,7 +12,10 @@
 // execution in any process does. Every replay is compared byte for byte
 // with the response of the execution it replays. count_test.go tests
 // that count, with servers that record every execution twice and with a
-// store broken on purpose.
+// store broken on purpose. shutdown_test.go deploys a process under load
+// (SIGTERM) while the store is down: its shutdown, http.Server.Shutdown
+// then Middleware.Shutdown, must store every record before it exits, and
+// the same test must fail with a shutdown that does not wait.
 //
 // The tests and what they prove are listed in docs/guarantees.md, with the
 // figures of the last run. They need redis-server on PATH (they skip

@@ -3,7 +3,7 @@
 // with its records in Redis, and a count of its executions kept outside
 // the middleware.
 //
-//	idemserver -redis 127.0.0.1:6379 [-count-redis addr] [-lease 30s] [-delay 2ms]
+//	idemserver -redis 127.0.0.1:6379 [-count-redis addr] [-lease 30s] [-delay 2ms] [-shutdown-timeout 30s]
 //
 // POST /orders (protected by an Idempotency-Key) first records its
 // execution in the Redis hash exec:<key> on the count server: one field
@@ -25,13 +25,23 @@
 // owner's token to the set "lost" on the count server, and on stdout, so a
 // test can tell which executions may legitimately be followed by another.
 //
-// Two flags exist only to test the tests. -record-twice sends each
+// On SIGTERM or SIGINT it shuts down in the order Middleware.Shutdown
+// documents, all within -shutdown-timeout: http.Server.Shutdown (stop
+// accepting, wait for the handlers), then Middleware.Shutdown (wait for
+// their records, including the background retries of those the store
+// refused), then it closes the Redis clients and exits 0, or 1 when a step
+// failed. It prints each step on stdout, on lines that start with
+// "shutdown:" ("shutdown: records stored after 1.2s", or the error).
+//
+// Three flags exist only to test the tests. -record-twice sends each
 // execution's HSET a second time once the first has been stored, as a
 // go-redis resend would, and adds the execution's id to the set "resent"
 // when that second copy found the field already there. -steal-leases
 // breaks the store on purpose: Acquire takes a key held in flight by
 // another owner (it deletes the other's lease and acquires again), so
 // concurrent duplicates run the handler more than once.
+// -no-shutdown-wait skips Middleware.Shutdown: the process exits right
+// after http.Server.Shutdown, dropping the records still being retried.
 //
 // The Redis client uses redisstore.ClientOptions, the options recommended
 // for a request path (-redis-timeout, -redis-retries and -dialer-retries
@@ -49,9 +59,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -75,6 +87,8 @@ func main() {
 	failOpen := flag.Bool("fail-open", false, "run the handler unprotected when the store fails (idem.WithFailOpen)")
 	twice := flag.Bool("record-twice", false, "test of the count: send each execution's record twice, as a go-redis resend would")
 	steal := flag.Bool("steal-leases", false, "test of the count: a broken store whose Acquire takes a key held in flight by another owner")
+	grace := flag.Duration("shutdown-timeout", 30*time.Second, "bound of the whole shutdown on SIGTERM or SIGINT")
+	noWait := flag.Bool("no-shutdown-wait", false, "test of the shutdown test: exit right after http.Server.Shutdown, without waiting for the records (Middleware.Shutdown)")
 	flag.Parse()
 	if *count == "" {
 		*count = *store
@@ -110,8 +124,59 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	srv := &http.Server{Handler: mux}
+	stop, unnotify := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer unnotify()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
 	fmt.Printf("listening %s\n", ln.Addr())
-	log.Fatal(http.Serve(ln, mux))
+	select {
+	case err := <-served:
+		log.Fatal(err)
+	case <-stop.Done():
+	}
+	unnotify() // a second signal kills the process
+	os.Exit(shutdown(srv, m, st, *grace, *noWait, counts, records))
+}
+
+// shutdown stops the process in the order Middleware.Shutdown documents,
+// all within grace: the server stops accepting and waits for its handlers,
+// then the middleware waits for their records (unless noWait, the
+// shutdown that forgets them, to test the test), then the Redis clients
+// are closed. It prints each step on stdout and returns the exit code: 0
+// when every step succeeded and st holds no record it failed to store.
+func shutdown(srv *http.Server, m *idem.Middleware, st watched, grace time.Duration, noWait bool, clients ...*redis.Client) int {
+	begin := time.Now()
+	fmt.Printf("shutdown: signal at %s, within %v\n", begin.Format("15:04:05.000"), grace)
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	code := 0
+	if err := srv.Shutdown(ctx); err != nil {
+		fmt.Printf("shutdown: server: %v\n", err)
+		code = 1
+	} else {
+		fmt.Printf("shutdown: handlers returned after %v\n", time.Since(begin).Round(time.Millisecond))
+	}
+	if noWait {
+		fmt.Printf("shutdown: not waiting for the records (-no-shutdown-wait): %d not stored yet\n", st.unstored())
+	} else if err := m.Shutdown(ctx); err != nil {
+		fmt.Printf("shutdown: records: %v\n", err)
+		code = 1
+	} else if n := st.unstored(); n > 0 {
+		// The middleware gave up on them (their lease had passed).
+		fmt.Printf("shutdown: %d records not stored\n", n)
+		code = 1
+	} else {
+		fmt.Printf("shutdown: records stored after %v\n", time.Since(begin).Round(time.Millisecond))
+	}
+	for _, c := range clients {
+		if err := c.Close(); err != nil {
+			fmt.Printf("shutdown: closing a Redis client: %v\n", err)
+			code = 1
+		}
+	}
+	fmt.Printf("shutdown: exit %d after %v\n", code, time.Since(begin).Round(time.Millisecond))
+	return code
 }
 
 // observe prints the store's failures, with their time, for whoever
@@ -234,6 +299,13 @@ type watched struct {
 	storage.Store
 	counts *redis.Client
 	failed *sync.Map // owners whose Complete failed in this process
+}
+
+// unstored returns the number of owners whose last Complete failed.
+func (s watched) unstored() int {
+	n := 0
+	s.failed.Range(func(any, any) bool { n++; return true })
+	return n
 }
 
 // retried reports whether a Complete of owner failed before, forgetting it.
