@@ -45,7 +45,7 @@ type knownMiss struct {
 // an entry whose budget is met: remove it then. The budgets themselves are
 // not changed.
 var knownMisses = map[string]knownMiss{
-	"record/redis": {472, "with the 37-byte key of the test, Redis 7.0 spends 88 bytes on the key, its dict entry and object header, leaving 302 for the value; the 329-byte value takes a 384-byte allocation, and no value holding the 294 bytes of body and headers uncompressed (and the 16-byte fingerprint) fits the 256-byte class below 302"},
+	"record/redis": {472, "with the 37-byte key of the test, Redis 7.0 spends 88 bytes on the key, its dict entry and object header, leaving 302 for the value; the 333-byte value (329 before the record checksum) takes a 384-byte allocation, and no value holding the 294 bytes of body and headers uncompressed (and the 16-byte fingerprint) fits the 256-byte class below 302"},
 }
 
 // check holds the figure got of the budget named key, which it must not
