@@ -10,8 +10,14 @@
 // # What is recorded
 //
 // The final status (never a 1xx informational response), the header map as it
-// was when the status went to the client (minus the names [Omitted] reports
-// and those the caller's omit function rejects), the trailers, and the body.
+// was when the status went to the client (minus the names [Omitted] reports,
+// those the caller's omit function rejects, and those that were already in the
+// map with the same values when the capture was made: they belong to the
+// middleware outside it, which sets them again for a replay), the trailers,
+// and the body: every byte the handler wrote, whatever the connection
+// accepted. When a write failed (the client went away, a write deadline
+// passed) and no Content-Length that the handler wrote in full tells a
+// complete body from one it cut short, the response is not replayable.
 // When net/http would have sniffed a Content-Type, the capture decides it
 // itself (see below) and writes it into the header map, so the record holds
 // the Content-Type the client actually received. When the client received no
