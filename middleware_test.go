@@ -337,6 +337,60 @@ func TestRetryAfterEstimate(t *testing.T) {
 	}
 }
 
+// TestRetryAfterFollowsNewRuns: the estimate, kept between 409s, follows
+// the runs that come after it.
+func TestRetryAfterFollowsNewRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		defer mem.Close()
+		var slow atomic.Bool
+		m, err := idem.New(mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hold := make(chan struct{})
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Idempotency-Key") == "held" {
+				<-hold
+				return
+			}
+			if slow.Load() {
+				time.Sleep(5 * time.Second)
+			} else {
+				time.Sleep(time.Second)
+			}
+		}))
+		go serve(h, "held", "")
+		synctest.Wait()
+		conflict := func() string {
+			w := serve(h, "held", "")
+			if w.Code != http.StatusConflict {
+				t.Fatalf("duplicate of the held request: %d", w.Code)
+			}
+			return w.Header().Get("Retry-After")
+		}
+		for i := range recentRunsForTest {
+			serve(h, fmt.Sprint("fast-", i), "")
+		}
+		if got := conflict(); got != "1" {
+			t.Fatalf("after fast runs: Retry-After %q, want 1", got)
+		}
+		conflict() // the kept estimate
+		slow.Store(true)
+		for i := range recentRunsForTest {
+			serve(h, fmt.Sprint("slow-", i), "")
+		}
+		if got := conflict(); got != "5" {
+			t.Fatalf("after slow runs: Retry-After %q, want 5", got)
+		}
+		close(hold)
+		synctest.Wait()
+	})
+}
+
+// recentRunsForTest is how many runs fill the estimate's window.
+const recentRunsForTest = 32
+
 func repeat(n int, d time.Duration) []time.Duration {
 	s := make([]time.Duration, n)
 	for i := range s {

@@ -33,9 +33,11 @@ type runTimes struct {
 
 // recentTimes is a ring of one route's last durations.
 type recentTimes struct {
-	mu sync.Mutex
-	d  [recentRuns]time.Duration
-	n  int // durations observed so far
+	mu    sync.Mutex
+	d     [recentRuns]time.Duration
+	n     int           // durations observed so far
+	est   time.Duration // the runPercentile of d, unless stale
+	stale bool          // a duration was observed since est was computed
 }
 
 // of returns the record of route, made on first use.
@@ -68,6 +70,7 @@ func (rt *runTimes) observe(route string, d time.Duration) {
 	r.mu.Lock()
 	r.d[r.n%recentRuns] = d
 	r.n++
+	r.stale = true
 	r.mu.Unlock()
 }
 
@@ -78,13 +81,15 @@ func (rt *runTimes) retryAfter(route string, leaseLeft time.Duration) time.Durat
 	est := time.Second
 	r := rt.of(route)
 	r.mu.Lock()
-	k := min(r.n, recentRuns)
-	d := r.d
-	r.mu.Unlock()
-	if k > 0 {
-		s := d[:k]
-		slices.Sort(s)
-		est = s[(k*runPercentile+99)/100-1]
+	if k := min(r.n, recentRuns); k > 0 {
+		if r.stale { // sorted once per burst of conflicts, not per 409
+			d := r.d
+			s := d[:k]
+			slices.Sort(s)
+			r.est, r.stale = s[(k*runPercentile+99)/100-1], false
+		}
+		est = r.est
 	}
+	r.mu.Unlock()
 	return max(min(est, leaseLeft), time.Second)
 }
