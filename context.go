@@ -1,6 +1,9 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Info is what the middleware tells the handler about the request it runs.
 type Info struct {
@@ -15,6 +18,14 @@ type Info struct {
 	// execution; false when WithFailOpen runs the handler unprotected
 	// because the store failed.
 	Protected bool
+	// StorageKey is the key of this request's entry in the store (a hash
+	// of the scope, method, route and client key; never the client's input
+	// as such), and TTL how long the entry is kept once done. A store
+	// whose completion can join the application's own transaction (such as
+	// a fence in the same database) needs both; both are empty when the
+	// request is not protected.
+	StorageKey string
+	TTL        time.Duration
 }
 
 type ctxKey struct{}

@@ -247,7 +247,7 @@ func (x *exchange) execute(next Next, skey, owner string) {
 	st := new(handlerState)
 	cw := capturePool.Get().(*response.Capture)
 	cw.Reset(x.w, m.cfg.maxResp, m.omit)
-	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true})
+	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey, TTL: m.cfg.ttl})
 	m.beats.start(&st.beat, skey, owner)
 	returned := false
 	defer func() {

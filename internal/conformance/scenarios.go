@@ -99,7 +99,8 @@ var scenarios = []scenario{
 		if r.status != 200 || string(r.body) != body {
 			t.Fatalf("handler saw a different body: %d bytes", len(r.body))
 		}
-		if info := <-infos; !info.Protected || info.Key != `quoted "key"` || !ownerRE.MatchString(info.Owner) {
+		if info := <-infos; !info.Protected || info.Key != `quoted "key"` || !ownerRE.MatchString(info.Owner) ||
+			len(info.StorageKey) != 22 || info.TTL != idem.DefaultTTL {
 			t.Fatalf("FromContext = %+v", info)
 		}
 		sameResponse(t, r, e.do(req{path: "/echo", key: `"quoted \"key\""`, body: body}))
@@ -379,7 +380,7 @@ var scenarios = []scenario{
 			t.Fatalf("fail-open: %v", r)
 		}
 		c.want(t, 1)
-		if info := <-infos; info.Protected || info.Key != "k" {
+		if info := <-infos; info.Protected || info.Key != "k" || info.StorageKey != "" || info.TTL != 0 {
 			t.Fatalf("FromContext under fail-open = %+v", info)
 		}
 		if e.ev.last().Outcome != idem.FailedOpen {
