@@ -51,13 +51,17 @@ const (
 	// it ran, when the handler then returned without writing anything: the
 	// key was released, so a retry runs it. Err wraps the context's error.
 	Canceled
+	// Rebuilt: the first request completed but its response was not kept,
+	// and the function given to WithRebuild answered from the
+	// application's own data.
+	Rebuilt
 )
 
 var outcomeNames = [...]string{
 	Executed: "executed", Replayed: "replayed", Conflict: "conflict", Mismatch: "mismatch",
 	Released: "released", NotReplayable: "not-replayable", Rejected: "rejected",
 	StoreError: "store-error", FailedOpen: "failed-open", LeaseLost: "lease-lost",
-	Canceled: "canceled",
+	Canceled: "canceled", Rebuilt: "rebuilt",
 }
 
 // String returns the outcome's name in lower case with dashes, such as

@@ -193,7 +193,7 @@ func (x *exchange) run(next Next) {
 	case res.State == storage.InFlight:
 		x.refuse(Conflict, newError(ErrConflict, "A request with this idempotency key is still being processed; retry later.", m.runs.retryAfter(x.route, res.LeaseLeft), nil))
 	default:
-		x.replay(res.Record)
+		x.replay(res.Record, skey)
 	}
 }
 
@@ -277,11 +277,12 @@ func (x *exchange) execute(next Next, skey, owner string) {
 var capturePool = sync.Pool{New: func() any { return new(response.Capture) }}
 
 // replay answers with a stored record.
-func (x *exchange) replay(data []byte) {
+func (x *exchange) replay(data []byte, skey string) {
 	status, err := response.ReplayBinary(x.w, data)
 	switch {
 	case status == 0 && errors.Is(err, response.ErrCorrupt):
 		x.refuse(StoreError, newError(ErrCorruptRecord, "The stored response for this idempotency key cannot be read.", 0, err))
+	case err == response.ErrNotReplayable && x.rebuild(skey):
 	case err == response.ErrNotReplayable:
 		detail := "The original request completed, but its response was not stored and cannot be replayed."
 		if status != 0 {
@@ -291,6 +292,26 @@ func (x *exchange) replay(data []byte) {
 	default:
 		x.emit(Replayed, status, nil)
 	}
+}
+
+// rebuild answers a retry whose first execution completed without a kept
+// response through WithRebuild's function, if there is one and it answers.
+func (x *exchange) rebuild(skey string) bool {
+	m := x.m
+	if m.cfg.rebuild == nil {
+		return false
+	}
+	h := x.w.Header()
+	h.Set(response.ReplayedHeader, "true")
+	cw := response.NewCapture(x.w, 0, nil) // for the status only
+	r := handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key, StorageKey: skey, TTL: m.cfg.ttl})
+	if !m.cfg.rebuild(cw, r) {
+		h.Del(response.ReplayedHeader)
+		return false
+	}
+	cw.Finish()
+	x.emit(Rebuilt, cw.Status(), nil)
+	return true
 }
 
 // refuse writes e to the client and tells the observer.

@@ -37,6 +37,7 @@ type config struct {
 	errorWriter ErrorWriter
 	observer    func(Event)
 	omit        map[string]bool
+	rebuild     func(w http.ResponseWriter, r *http.Request) bool
 }
 
 func defaultConfig() config {
@@ -289,6 +290,30 @@ func WithOmitHeaders(names ...string) Option {
 		for _, n := range names {
 			c.omit[http.CanonicalHeaderKey(n)] = true
 		}
+		return nil
+	}
+}
+
+// WithRebuild sets fn, which answers a retry of a request that completed
+// but whose response was not kept, instead of the 409 ErrNotReplayable: the
+// response was larger than WithMaxResponseBody, the connection was hijacked
+// or failed mid-body, or the process died after the handler committed its
+// business transaction with a fence (see storage/pgstore) but before the
+// response was stored. fn rebuilds the answer from the application's own
+// data (for example the order that the first execution committed, found by
+// the idempotency key), writes it to w and returns true; or it writes
+// nothing and returns false, and the retry gets the 409. r carries the
+// buffered body and, for [FromContext], the Info of the key (Key,
+// StorageKey and TTL; Protected is false: no lease is held, and fn must not
+// change anything). The response carries Idempotent-Replayed: true, is not
+// stored (fn runs for each such retry), and the observer gets a Rebuilt
+// event. Default none; a nil function is invalid.
+func WithRebuild(fn func(w http.ResponseWriter, r *http.Request) bool) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("WithRebuild(nil)")
+		}
+		c.rebuild = fn
 		return nil
 	}
 }
