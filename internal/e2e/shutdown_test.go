@@ -5,8 +5,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -173,11 +175,18 @@ func runDeploy(t *testing.T, noWait bool) *deploy {
 	l.start(t, ctx, shutdownKeys)
 	waitFor(t, ctx, fmt.Sprintf("%d executions on A", shutdownBefore), func() bool { return l.nExecuted.Load() >= shutdownBefore })
 
-	// The store goes down: the handlers running finish, answer their
-	// clients, and their records are refused (the store reports each in
-	// "lost"); new requests get 503.
+	// The store goes down while at least shutdownFailed handlers are
+	// running (A's gate holds them, so that a slow machine cannot make the
+	// outage miss them): they finish, answer their clients, and their
+	// records are refused (the store reports each in "lost"); new requests
+	// get 503.
+	a.control(t, "POST", "/gate/close")
+	waitFor(t, ctx, fmt.Sprintf("%d handlers held at A's gate", shutdownFailed), func() bool {
+		return a.held(t) >= shutdownFailed
+	})
 	store.Kill()
 	d.down = time.Now()
+	a.control(t, "POST", "/gate/open")
 	waitFor(t, ctx, fmt.Sprintf("%d records refused by the store", shutdownFailed), func() bool {
 		return counts.SCard(ctx, "lost").Val() >= shutdownFailed
 	})
@@ -377,4 +386,34 @@ func (s *server) watchExit(t testing.TB) *exitWatch {
 		<-w.done
 	})
 	return w
+}
+
+// control sends a request to one of the server's test endpoints (its gate)
+// and returns the answer's body.
+func (s *server) control(t testing.TB, method, path string) string {
+	t.Helper()
+	req, err := http.NewRequest(method, strings.TrimSuffix(s.url, "/orders")+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, path, res.StatusCode, b)
+	}
+	return string(b)
+}
+
+// held returns the number of handlers waiting at the server's gate.
+func (s *server) held(t testing.TB) int {
+	t.Helper()
+	n, err := strconv.Atoi(s.control(t, "GET", "/gate/held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -14,7 +14,7 @@
 // resends one after a read timeout, and the handler retries a failed one)
 // cannot count one execution twice, while another execution, in this
 // process or another, has another id: the number of fields is the number
-// of executions of the key. Then, if the request has an X-Hold header, the
+// of executions of the key. Then it passes the gate (below), and, if the request has an X-Hold header, the
 // handler blocks until the client goes away or the process is killed, else
 // waits -delay, then answers 201 with a JSON body that names this
 // execution: process id, sequence number, id and the request's
@@ -42,6 +42,11 @@
 // concurrent duplicates run the handler more than once.
 // -no-shutdown-wait skips Middleware.Shutdown: the process exits right
 // after http.Server.Shutdown, dropping the records still being retried.
+//
+// The gate lets a test know how many executions are in flight: POST
+// /gate/close makes every handler wait, once its execution is counted,
+// until POST /gate/open (or its client leaves); GET /gate/held answers the
+// number waiting. It is open at start.
 //
 // The Redis client uses redisstore.ClientOptions, the options recommended
 // for a request path (-redis-timeout, -redis-retries and -dialer-retries
@@ -118,7 +123,11 @@ func main() {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", nethttp.Middleware(m)(&app{counts: counts, delay: *delay, twice: *twice}))
+	g := newGate()
+	mux.Handle("POST /orders", nethttp.Middleware(m)(&app{counts: counts, delay: *delay, twice: *twice, gate: g}))
+	mux.HandleFunc("POST /gate/close", func(w http.ResponseWriter, r *http.Request) { g.close() })
+	mux.HandleFunc("POST /gate/open", func(w http.ResponseWriter, r *http.Request) { g.openUp() })
+	mux.HandleFunc("GET /gate/held", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, g.held.Load()) })
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -193,7 +202,59 @@ type app struct {
 	counts *redis.Client
 	delay  time.Duration
 	twice  bool // -record-twice
+	gate   *gate
 	seq    atomic.Int64
+}
+
+// gate holds the handlers while it is closed.
+type gate struct {
+	mu   sync.Mutex
+	open chan struct{} // closed while the gate is open
+	held atomic.Int64  // handlers waiting
+}
+
+func newGate() *gate {
+	g := &gate{open: make(chan struct{})}
+	close(g.open)
+	return g
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+		g.open = make(chan struct{})
+	default: // closed already
+	}
+}
+
+func (g *gate) openUp() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+	default:
+		close(g.open)
+	}
+}
+
+// pass waits while the gate is closed, or until ctx ends.
+func (g *gate) pass(ctx context.Context) {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+		return
+	default:
+	}
+	g.held.Add(1)
+	defer g.held.Add(-1)
+	select {
+	case <-open:
+	case <-ctx.Done():
+	}
 }
 
 func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -212,6 +273,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "count: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	a.gate.pass(r.Context())
 	if r.Header.Get("X-Hold") != "" {
 		<-r.Context().Done() // until the client leaves or the process is killed
 	} else if a.delay > 0 {
