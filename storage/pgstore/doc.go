@@ -1,0 +1,106 @@
+// Package pgstore is a [storage.Store] on PostgreSQL, shared by every
+// instance of a service, whose entries can commit in the same transaction
+// as the application's own change:
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	store, err := pgstore.New(pool)
+//	err = store.CreateTable(ctx) // or run pgstore.Schema's SQL in your migrations
+//	defer store.Close()
+//	m, err := idem.New(store)
+//
+// # Exactly once with the application's database
+//
+// A store outside the application's database ends "runs once" at its own
+// record: a handler that commits an order and then dies (kill -9) before
+// its response is stored leaves an entry in flight; its lease runs out, the
+// retry runs the handler again, and the order exists twice. A handler that
+// outlives its lease can commit after another execution took the key. The
+// remedy payment systems use is the deduplication table: a row with a
+// unique key, written in the same local transaction as the business
+// change, so that both commit or neither does.
+//
+// [Store.Fence] is that row's write. A handler calls it inside its own
+// transaction; it checks that the execution still holds the lease and marks
+// the entry committed, holding the row's lock until the transaction ends:
+//
+//	tx, err := pool.Begin(ctx)
+//	...
+//	_, err = tx.Exec(ctx, "INSERT INTO orders ...")
+//	...
+//	if err := store.Fence(ctx, tx); err != nil {
+//		tx.Rollback(ctx) // the lease was lost: another execution has the key
+//		return err
+//	}
+//	err = tx.Commit(ctx)
+//
+// Once the transaction commits, the handler never runs again for that key
+// within the TTL: a retry gets the stored response, or, when the process
+// died between the commit and the storing of the response, 409
+// ErrNotReplayable ("completed, but its response was not stored") instead
+// of a second order. What remains the application's: to call Fence in
+// every transaction whose change must not be made twice, to roll back
+// when Fence fails, and to keep the key for at least as long as clients
+// retry (the TTL).
+//
+// # States
+//
+// An entry is one row (see [Schema]): processing (an execution holds the
+// lease), committed (the execution's transaction committed with Fence) or
+// done (it holds the response). The committed state changes the
+// [storage.Store] protocol in these ways, and only for the owner that
+// fenced:
+//
+//   - Acquire of a committed entry answers [storage.Done], with the
+//     encoding of response.Record{NotReplayable: true} as its record: the
+//     middleware answers 409 ErrNotReplayable, and never runs the handler.
+//   - Complete by the owner turns it into a done entry with the record (the
+//     normal path, after the handler returns).
+//   - Extend by the owner changes nothing and returns nil: the entry has no
+//     lease any more, it lives for the TTL from the Fence.
+//   - Release by the owner does not delete it, and returns nil: the
+//     application's change committed, so a retry must not run the handler
+//     again, whatever the handler answered afterwards (an error status,
+//     which the middleware does not store, or a panic).
+//
+// # The statements
+//
+// Every operation is one SQL statement, so one round trip once pgx has
+// prepared it on the connection (pgx's default statement cache prepares a
+// statement the first time a connection runs it: one round trip more,
+// once), and atomic: a protected first execution costs two round trips
+// (Acquire, Complete), and a replay one. Leases and TTLs are judged by the
+// database's clock (clock_timestamp(), not now(), which is the
+// transaction's start), never the application's, so the instances' clocks
+// do not matter; durations are sent in milliseconds, rounded up.
+//
+// Acquire is an INSERT ... ON CONFLICT DO UPDATE that locks the row of the
+// key, whoever committed it and when. An Acquire that finds a done or
+// committed row (a replay) reads it without writing. An Acquire that finds
+// the key in flight writes a new version of the row, unchanged (its DO
+// UPDATE always updates, which is what makes it return the row it locked;
+// see acquireSQL in the source): under a storm of concurrent duplicates,
+// that is one dead row version per refused request, for autovacuum.
+//
+// # Cost and tuning
+//
+// A row holds the key (22 bytes from the middleware), the owner token (32),
+// the fingerprint (up to 255), the state, a timestamp and the encoded
+// response; responses over about 2 kB are compressed and moved out of line
+// (TOAST). Each execution inserts a row and updates it once (Complete),
+// and the janitor deletes it after the TTL: the table churns, and its
+// dead rows are autovacuum's work. For a busy table, lower
+// autovacuum_vacuum_scale_factor for it (ALTER TABLE ... SET
+// (autovacuum_vacuum_scale_factor = 0.01)). The index on expires makes
+// every update a non-HOT update (PostgreSQL 15 and older); it is what lets
+// the janitor find expired rows without reading the table.
+//
+// The janitor, one goroutine per Store, deletes expired rows every
+// WithCleanupInterval in statements of at most WithCleanupBatch rows,
+// skipping rows another transaction has locked (FOR UPDATE SKIP LOCKED):
+// it never waits for a request, and a request waits for it at most as
+// long as one row's deletion. Several instances' janitors share the work.
+// [Store.Close] stops it; [Store.Cleanup] runs one round by hand.
+//
+// Do not make the table UNLOGGED: a crash of the server would empty it,
+// and with it the proof that a committed change was made.
+package pgstore

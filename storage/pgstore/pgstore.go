@@ -1,0 +1,487 @@
+package pgstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/response"
+	"github.com/idemkit/idem/storage"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of the options.
+const (
+	// DefaultTable is the name of the table unless WithTable says
+	// otherwise.
+	DefaultTable = "idem_keys"
+	// DefaultCleanupInterval is how often the janitor deletes expired rows
+	// unless WithCleanupInterval says otherwise.
+	DefaultCleanupInterval = time.Minute
+	// DefaultCleanupBatch is the most rows one statement of the janitor
+	// deletes unless WithCleanupBatch says otherwise.
+	DefaultCleanupBatch = 1000
+)
+
+// ErrTableName is wrapped by the error of [New] and [Schema] for a table
+// name that WithTable does not accept.
+var ErrTableName = errors.New("pgstore: invalid table name")
+
+// Store is a storage.Store on PostgreSQL. Create it with [New]; the zero
+// value is not usable. It is safe for concurrent use.
+type Store struct {
+	pool  *pgxpool.Pool
+	table string // as given, for messages
+	sql   statements
+
+	cleanupEvery time.Duration
+	batch        int
+
+	stop    context.CancelFunc
+	janitor sync.WaitGroup
+	once    sync.Once
+}
+
+var _ storage.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	table        string
+	cleanupEvery time.Duration
+	batch        int
+	clock        string // SQL that reads the clock; tests only (export_test.go)
+}
+
+// WithTable sets the table, [DefaultTable] by default: a name of lower-case
+// ASCII letters, digits and underscores that does not start with a digit,
+// of at most 51 bytes (so that the index's name, the table's and
+// "_expires_idx", fits PostgreSQL's 63), optionally after a schema name of
+// the same kind and a dot ("idem.keys"). Give each application sharing a
+// database its own table, or its own schema.
+func WithTable(name string) Option { return func(c *config) { c.table = name } }
+
+// WithCleanupInterval sets how often the janitor deletes expired rows,
+// [DefaultCleanupInterval] by default; d <= 0 keeps the default. An expired
+// row is treated as absent at once whatever the interval; the janitor only
+// frees its space.
+func WithCleanupInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.cleanupEvery = d
+		}
+	}
+}
+
+// WithCleanupBatch sets the most rows one statement of the janitor deletes,
+// [DefaultCleanupBatch] by default; n <= 0 keeps the default. Smaller
+// batches hold fewer row locks for less time; the janitor runs batches one
+// after another until a batch finds fewer rows than n.
+func WithCleanupBatch(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.batch = n
+		}
+	}
+}
+
+// New returns a Store that keeps its entries in the table of pool's
+// database (see WithTable), and starts its janitor goroutine; call Close to
+// stop it. It sends nothing to the database: create the table with
+// [Store.CreateTable], or with a migration of your own that runs
+// [Schema]'s text. The pool stays the caller's: Close does not close it.
+//
+// It fails, with an error wrapping [ErrTableName], when WithTable's name
+// is not accepted, or when pool is nil.
+func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: nil pool")
+	}
+	c := config{table: DefaultTable, cleanupEvery: DefaultCleanupInterval, batch: DefaultCleanupBatch}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	id, err := parseTable(c.table)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, table: c.table, sql: newStatements(id, c.clock), cleanupEvery: c.cleanupEvery, batch: c.batch}
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.janitor.Add(1)
+	go s.runJanitor(ctx)
+	return s, nil
+}
+
+// Close stops the janitor goroutine, cancelling a cleanup under way, and
+// waits for it to exit. It is idempotent, safe to call concurrently, and
+// always returns nil. It does not close the pool. The store stays usable
+// after Close; expired rows are then deleted only by [Store.Cleanup] or
+// when a key is acquired again.
+func (s *Store) Close() error {
+	s.once.Do(s.stop)
+	s.janitor.Wait()
+	return nil
+}
+
+// Table returns the table's name, as given to WithTable.
+func (s *Store) Table() string { return s.table }
+
+//go:embed schema.sql
+var schemaSQL string
+
+// tableName is a valid name for WithTable, in parts.
+var tableName = regexp.MustCompile(`^(?:([a-z_][a-z0-9_]{0,62})\.)?([a-z_][a-z0-9_]{0,50})$`)
+
+// parseTable checks a name given to WithTable and returns it as an
+// identifier.
+func parseTable(name string) (pgx.Identifier, error) {
+	m := tableName.FindStringSubmatch(name)
+	if m == nil {
+		return nil, fmt.Errorf("%w %q: want lower-case letters, digits and underscores, not starting with a digit, "+
+			"at most 51 bytes, optionally after a schema name and a dot", ErrTableName, name)
+	}
+	if m[1] == "" {
+		return pgx.Identifier{m[2]}, nil
+	}
+	return pgx.Identifier{m[1], m[2]}, nil
+}
+
+// Schema returns the SQL that creates the table name (as WithTable takes
+// it; "" means [DefaultTable]) and its index when they do not exist: the
+// text of the package's schema.sql with the name replaced. It is what
+// [Store.CreateTable] runs, for teams that run their own migrations.
+func Schema(name string) (string, error) {
+	if name == "" {
+		name = DefaultTable
+	}
+	id, err := parseTable(name)
+	if err != nil {
+		return "", err
+	}
+	return schemaFor(id), nil
+}
+
+// schemaFor writes schema.sql for table id: the index's name is the
+// table's (without schema) and "_expires_idx".
+func schemaFor(id pgx.Identifier) string {
+	const index = "idem_keys_expires_idx"
+	r := strings.NewReplacer(
+		index, pgx.Identifier{id[len(id)-1] + "_expires_idx"}.Sanitize(),
+		DefaultTable, id.Sanitize(),
+	)
+	return r.Replace(schemaSQL)
+}
+
+// CreateTable creates the store's table and its index unless they exist,
+// in one transaction that holds an advisory lock meanwhile, so that
+// instances starting together do not trip over each other. It changes
+// nothing in a table that exists, even one of another layout. The
+// database user needs CREATE on the schema.
+func (s *Store) CreateTable(ctx context.Context) error {
+	// One simple-protocol query: its statements run in one implicit
+	// transaction, whose lock ends with it.
+	q := "SELECT pg_advisory_xact_lock(hashtext('github.com/idemkit/idem/storage/pgstore'));\n" + s.sql.schema
+	if _, err := s.pool.Exec(ctx, q); err != nil {
+		return fmt.Errorf("pgstore: creating table %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// statements are the SQL of the store's operations on its table.
+type statements struct {
+	schema, acquire, complete, release, extend, fence, cleanup string
+}
+
+// newStatements writes the statements for table id. A clock other than ""
+// replaces clock_timestamp(): tests move the clock of a table of theirs.
+func newStatements(id pgx.Identifier, clock string) statements {
+	r := strings.NewReplacer("{table}", id.Sanitize())
+	if clock != "" {
+		r = strings.NewReplacer("{table}", id.Sanitize(), "clock_timestamp()", clock)
+	}
+	f := r.Replace
+	return statements{
+		schema:   schemaFor(id),
+		acquire:  f(acquireSQL),
+		complete: f(completeSQL),
+		release:  f(releaseSQL),
+		extend:   f(extendSQL),
+		fence:    f(fenceSQL),
+		cleanup:  f(cleanupSQL),
+	}
+}
+
+// The statements. Each is one statement, so one round trip once pgx has
+// prepared it on the connection, and each is atomic. The clock is the
+// database's: clock_timestamp(), the time when it is called (now() is the
+// time the transaction started, which may be long before the row is
+// locked). A row whose expires has come (expires <= the clock) is treated
+// as absent by every statement. Parameters: $1 key, $2 owner, and then a
+// fingerprint, a record, or a lease or TTL in whole milliseconds.
+
+// acquireSQL: $3 fingerprint, $4 lease. It answers one row: state, mine
+// (the caller holds the entry now), fingerprint, record, lease left in ms.
+//
+// cur reads a live done or committed row from the statement's snapshot:
+// such a row changes only by expiring (or, committed, by becoming done), so
+// the snapshot's version is a true answer, and a replay writes nothing.
+//
+// Otherwise ins runs: INSERT ... ON CONFLICT DO UPDATE takes the row lock
+// on whatever row holds the key, including one that a concurrent
+// transaction committed after the snapshot was taken, or that a Fence holds
+// in a transaction not yet ended (ins waits for it). Its DO UPDATE has no
+// WHERE: it always updates, so RETURNING always gives the row version it
+// locked, even when nothing could be taken. (With a WHERE, a row not
+// taken is not returned, and a SELECT beside it sees the statement's
+// snapshot, which may not hold a row committed meanwhile: the answer would
+// be empty.) The price is a new row version per Acquire that finds the key
+// in flight, and per Acquire that finds a done or committed row committed
+// during the statement. The sub-select reads the clock once, after the row
+// lock is held, and decides once whether the row is taken: it has expired,
+// or it is processing and held by the same owner (a resend). Otherwise every
+// column keeps its value.
+const acquireSQL = `WITH cur AS (
+  SELECT e.state, e.fingerprint, e.record FROM {table} e
+  WHERE e.key = $1 AND e.state <> 'processing' AND e.expires > clock_timestamp()
+), ins AS (
+  INSERT INTO {table} AS e (key, state, owner, fingerprint, expires)
+  SELECT $1, 'processing', $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond'
+  WHERE NOT EXISTS (SELECT FROM cur)
+  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, record) = (
+    SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
+           CASE WHEN x.take THEN excluded.owner ELSE e.owner END,
+           CASE WHEN x.take THEN excluded.fingerprint ELSE e.fingerprint END,
+           CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END,
+           CASE WHEN x.take THEN NULL ELSE e.record END
+    FROM (SELECT c.now, e.expires <= c.now OR (e.state = 'processing' AND e.owner = excluded.owner) AS take
+          FROM (SELECT clock_timestamp() AS now) c) x)
+  RETURNING e.state, e.owner = $2 AS mine, e.fingerprint, e.expires, e.record
+)
+SELECT state, false, fingerprint, record, 0::bigint FROM cur
+UNION ALL
+SELECT state, mine, fingerprint, record,
+       greatest(ceil(extract(epoch FROM expires - clock_timestamp()) * 1000), 1)::bigint FROM ins`
+
+// completeSQL: $3 record, $4 TTL. One row affected: done.
+//
+// The owner's processing or committed entry becomes done; a done entry
+// with this very record is a resend and is rewritten unchanged (same
+// record, same expiry: keeping e.record reuses its TOASTed value). An
+// UPDATE re-checks its WHERE on the newest version of a row changed
+// concurrently (READ COMMITTED), so a resend racing the first Complete
+// sees the done row.
+const completeSQL = `UPDATE {table} e SET
+  state = 'done',
+  record = CASE WHEN e.state = 'done' THEN e.record ELSE $3 END,
+  expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
+WHERE e.key = $1 AND e.expires > clock_timestamp()
+  AND ((e.state IN ('processing', 'committed') AND e.owner = $2) OR (e.state = 'done' AND e.record = $3))`
+
+// releaseSQL answers one boolean: true when nothing of the caller is held
+// by anyone else (nil), false for ErrNotOwner.
+//
+// del deletes the owner's processing row (expired or not). A committed row
+// is never deleted: its transaction committed the application's change.
+// The check reads the snapshot: a live row that is neither the owner's
+// processing nor committed row means ErrNotOwner. When del found the
+// owner's row changed meanwhile (taken by another owner after its lease, or
+// committed by the owner's Fence), the snapshot still shows the owner's
+// processing row and the answer is nil, true of the time the statement
+// started. A row inserted by another owner during the statement is not seen
+// either: nothing of the caller's was held, nil again.
+const releaseSQL = `WITH del AS (
+  DELETE FROM {table} e WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
+  RETURNING 1
+)
+SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
+  SELECT FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp()
+    AND NOT (e.owner = $2 AND e.state IN ('processing', 'committed')))`
+
+// extendSQL: $3 lease. One row affected: extended, or committed (which has
+// no lease: its expiry is its TTL's, and stays).
+const extendSQL = `UPDATE {table} e SET
+  expires = CASE WHEN e.state = 'processing' THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.expires END
+WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
+
+// fenceSQL: $3 TTL. One row affected: the caller's transaction holds the
+// row lock and the entry is committed in it.
+const fenceSQL = `UPDATE {table} e SET
+  state = 'committed',
+  expires = clock_timestamp() + $3::bigint * interval '1 millisecond'
+WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
+
+// cleanupSQL: $1 batch size. It deletes at most $1 expired rows, found
+// through the index on expires, skipping rows that another transaction
+// has locked (an Acquire taking an expired row, a Fence), so it never
+// waits for them and no request waits for it longer than the deletion of
+// one row. FOR UPDATE re-checks the expiry on a row changed since the
+// snapshot; the DELETE checks it again.
+const cleanupSQL = `DELETE FROM {table} WHERE ctid IN (
+  SELECT ctid FROM {table} WHERE expires <= clock_timestamp()
+  ORDER BY expires LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires <= clock_timestamp()`
+
+// notReplayable is the record that Acquire answers for a committed entry:
+// its transaction committed, its response was not stored.
+var notReplayable = func() []byte {
+	b, err := (&response.Record{NotReplayable: true}).MarshalBinary()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
+
+// ms gives d in whole milliseconds, rounded up, for a d > 0.
+func ms(d time.Duration) int64 {
+	n := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		n++
+	}
+	return n
+}
+
+// bytes returns s as a non-nil []byte: pgx sends a nil slice as NULL.
+func bytes(s string) []byte {
+	if s == "" {
+		return []byte{}
+	}
+	return []byte(s)
+}
+
+// Acquire implements [storage.Store.Acquire]. A committed entry (see
+// [Store.Fence]) is answered as done, with the encoding of
+// response.Record{NotReplayable: true} as its record. Errors wrap
+// [storage.ErrInvalid], or say that the database could not be reached or
+// failed.
+func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("pgstore: acquire: %w", err)
+	}
+	var (
+		state  string
+		mine   bool
+		fp     []byte
+		record []byte
+		left   int64
+	)
+	err := s.pool.QueryRow(ctx, s.sql.acquire, bytes(key), bytes(owner), bytes(fingerprint), ms(lease)).
+		Scan(&state, &mine, &fp, &record, &left)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("pgstore: acquire: %w", err)
+	}
+	switch {
+	case state == "processing" && mine:
+		return storage.Result{State: storage.Acquired}, nil
+	case state == "processing":
+		return storage.Result{State: storage.InFlight, Fingerprint: string(fp), LeaseLeft: time.Duration(left) * time.Millisecond}, nil
+	case state == "committed":
+		return storage.Result{State: storage.Done, Fingerprint: string(fp), Record: notReplayable}, nil
+	case state == "done" && record != nil:
+		return storage.Result{State: storage.Done, Fingerprint: string(fp), Record: record}, nil
+	}
+	return storage.Result{}, fmt.Errorf("pgstore: acquire: unexpected row: state %q", state)
+}
+
+// Complete implements [storage.Store.Complete]. It also completes the
+// owner's committed entry (see [Store.Fence]). Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that the database
+// could not be reached or failed.
+func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("pgstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	if record == nil {
+		record = []byte{}
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.complete, bytes(key), bytes(owner), record, ms(ttl))
+	if err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: complete: %w", storage.ErrNotOwner)
+	}
+	return nil
+}
+
+// Release implements [storage.Store.Release], with one exception: the
+// owner's committed entry (see [Store.Fence]) is not deleted, and Release
+// returns nil. Errors wrap [storage.ErrNotOwner], or say that the database
+// could not be reached or failed.
+func (s *Store) Release(ctx context.Context, key, owner string) error {
+	var ok bool
+	if err := s.pool.QueryRow(ctx, s.sql.release, bytes(key), bytes(owner)).Scan(&ok); err != nil {
+		return fmt.Errorf("pgstore: release: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("pgstore: release: %w", storage.ErrNotOwner)
+	}
+	return nil
+}
+
+// Extend implements [storage.Store.Extend]. On the owner's committed entry
+// (see [Store.Fence]), which has no lease, it changes nothing and returns
+// nil. Errors wrap [storage.ErrNotOwner] or [storage.ErrInvalid], or say
+// that the database could not be reached or failed.
+func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("pgstore: extend: %w: lease %v", storage.ErrInvalid, lease)
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.extend, bytes(key), bytes(owner), ms(lease))
+	if err != nil {
+		return fmt.Errorf("pgstore: extend: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: extend: %w", storage.ErrNotOwner)
+	}
+	return nil
+}
+
+// Cleanup deletes the expired rows of the table, in statements of at most
+// WithCleanupBatch rows each, one after another until one deletes fewer,
+// and returns how many it deleted. It skips rows locked by a transaction
+// under way. The janitor calls it; so may a scheduler of your own. It
+// stops at the first error, such as the end of ctx, and returns it with
+// the count so far.
+func (s *Store) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, s.sql.cleanup, s.batch)
+		if err != nil {
+			return total, fmt.Errorf("pgstore: cleanup: %w", err)
+		}
+		n := tag.RowsAffected()
+		total += n
+		if n < int64(s.batch) {
+			return total, nil
+		}
+	}
+}
+
+// runJanitor runs Cleanup every cleanupEvery until ctx ends, each run
+// bounded by the interval. Its errors are dropped: expired rows are absent
+// for every operation anyway, and the next run tries again.
+func (s *Store) runJanitor(ctx context.Context) {
+	defer s.janitor.Done()
+	t := time.NewTicker(s.cleanupEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			run, cancel := context.WithTimeout(ctx, s.cleanupEvery)
+			s.Cleanup(run)
+			cancel()
+		}
+	}
+}

@@ -1,0 +1,405 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/idemkit/idem/storage/storagetest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Main stops the shared PostgreSQL server and checks for leaked
+// goroutines (the janitor's among them).
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// db is a table of the test's own on the shared server, and a store on it.
+type db struct {
+	t     testing.TB
+	pool  *pgxpool.Pool
+	table string
+	store *pgstore.Store
+}
+
+// open creates a table of the test's own and a store on it, closed when
+// the test ends.
+func open(t testing.TB, opts ...pgstore.Option) *db {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	return openOn(t, pool, opts...)
+}
+
+func openOn(t testing.TB, pool *pgxpool.Pool, opts ...pgstore.Option) *db {
+	t.Helper()
+	d := &db{t: t, pool: pool, table: pgtest.Table(t, pool)}
+	s, err := pgstore.New(pool, append(opts, pgstore.WithTable(d.table))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.CreateTable(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.store = s
+	return d
+}
+
+// ident is the table's name as SQL.
+func (d *db) ident() string { return pgx.Identifier{d.table}.Sanitize() }
+
+// exec runs a statement on the table ({table} in q stands for its name).
+func (d *db) exec(q string, args ...any) int64 {
+	d.t.Helper()
+	tag, err := d.pool.Exec(context.Background(), strings.ReplaceAll(q, "{table}", d.ident()), args...)
+	if err != nil {
+		d.t.Fatalf("%s: %v", q, err)
+	}
+	return tag.RowsAffected()
+}
+
+// shift moves time forward by dur for the table's rows, as redisAdvance
+// does for Redis keys: every expiry comes dur sooner.
+func (d *db) shift(dur time.Duration) {
+	d.t.Helper()
+	d.exec("UPDATE {table} SET expires = expires - $1::bigint * interval '1 microsecond'", dur.Microseconds())
+}
+
+// state returns the state of key's row, "" when there is none.
+func (d *db) state(key string) string {
+	d.t.Helper()
+	var s string
+	err := d.pool.QueryRow(context.Background(), "SELECT state FROM "+d.ident()+" WHERE key = $1", []byte(key)).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ""
+	}
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return s
+}
+
+// frozenClock makes a clock of the test's own in the database, starting at
+// the server's time: the SQL that reads it, for pgstore.WithClock, and a
+// function that moves it forward. Its table and function are dropped
+// when the test ends.
+func frozenClock(t testing.TB, pool *pgxpool.Pool) (expr string, advance func(time.Duration)) {
+	t.Helper()
+	name := pgtest.Table(t, pool) // the clock's table
+	fn := pgx.Identifier{name + "_now"}.Sanitize()
+	tbl := pgx.Identifier{name}.Sanitize()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "CREATE TABLE "+tbl+" (t timestamptz NOT NULL);\n"+
+		"INSERT INTO "+tbl+" VALUES (clock_timestamp());\n"+
+		"CREATE FUNCTION "+fn+"() RETURNS timestamptz VOLATILE LANGUAGE sql AS 'SELECT t FROM "+strings.ReplaceAll(tbl, "'", "''")+"'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), "DROP FUNCTION IF EXISTS "+fn+"()") })
+	return fn + "()", func(d time.Duration) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "UPDATE "+tbl+" SET t = t + $1::bigint * interval '1 microsecond'", d.Microseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestContract runs the contract suite on the server's real clock: one
+// store, one table; the expiry clauses poll.
+func TestContract(t *testing.T) {
+	// As many connections as the suite has concurrent acquirers, so that
+	// they really run at once.
+	d := openOn(t, pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 50 }))
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		return storagetest.Harness{Store: d.store}
+	})
+}
+
+// TestContractFrozenClock runs the contract suite with the database's
+// clock stopped and moved by the suite: every clause, including the
+// rounding to milliseconds, is checked exactly. A table per subtest.
+func TestContractFrozenClock(t *testing.T) {
+	pool := pgtest.Pool(t)
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		clock, advance := frozenClock(t, pool)
+		d := openOn(t, pool, pgstore.WithClock(clock))
+		return storagetest.Harness{Store: d.store, Advance: advance}
+	})
+}
+
+func TestTableNames(t *testing.T) {
+	for _, name := range []string{"idem_keys", "_x", "a1", "idem.keys", strings.Repeat("a", 51), strings.Repeat("s", 63) + ".t"} {
+		if _, err := pgstore.Schema(name); err != nil {
+			t.Errorf("Schema(%q): %v, want accepted", name, err)
+		}
+	}
+	for _, name := range []string{"Idem", "1a", "a-b", "a b", `a"b`, "a;drop table x", "a.b.c", ".a", "a.", strings.Repeat("a", 52), strings.Repeat("s", 64) + ".t", "é"} {
+		if _, err := pgstore.Schema(name); !errors.Is(err, pgstore.ErrTableName) {
+			t.Errorf("Schema(%q): %v, want ErrTableName", name, err)
+		}
+		pool := (*pgxpool.Pool)(nil)
+		if _, err := pgstore.New(pool, pgstore.WithTable(name)); err == nil {
+			t.Errorf("New with a nil pool and table %q: no error", name)
+		}
+	}
+	def, err := pgstore.Schema("")
+	if err != nil || !strings.Contains(def, `CREATE TABLE IF NOT EXISTS "idem_keys"`) || !strings.Contains(def, `"idem_keys_expires_idx" ON "idem_keys"`) {
+		t.Errorf("Schema(\"\"): %v\n%s", err, def)
+	}
+	q, _ := pgstore.Schema("app.keys")
+	if !strings.Contains(q, `CREATE TABLE IF NOT EXISTS "app"."keys"`) || !strings.Contains(q, `"keys_expires_idx" ON "app"."keys"`) {
+		t.Errorf("Schema(app.keys):\n%s", q)
+	}
+}
+
+// TestSchemaQualified runs a store on a table in a schema of its own.
+func TestSchemaQualified(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Table(t, pool) // a fresh name, for the schema
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	s, err := pgstore.New(pool, pgstore.WithTable(schema+".keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Acquire(ctx, "k", "o", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+		t.Fatalf("Acquire: %+v, %v", res, err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".keys").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("rows in %s.keys: %d, %v", schema, n, err)
+	}
+}
+
+// TestCreateTable: CreateTable is idempotent, and instances starting at
+// once do not fail on each other's CREATE.
+func TestCreateTable(t *testing.T) {
+	d := open(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			s, err := pgstore.New(d.pool, pgstore.WithTable(d.table+"_2"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer s.Close()
+			if err := s.CreateTable(ctx); err != nil {
+				t.Errorf("concurrent CreateTable: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		d.pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{d.table + "_2"}.Sanitize())
+	})
+	if err := d.store.CreateTable(ctx); err != nil {
+		t.Fatalf("CreateTable of an existing table: %v", err)
+	}
+	var indexes int
+	if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE tablename = $1", d.table).Scan(&indexes); err != nil || indexes != 2 {
+		t.Fatalf("indexes on %s: %d (%v), want the primary key and expires", d.table, indexes, err)
+	}
+}
+
+// TestCheckConstraints: the table refuses rows that are not entries.
+func TestCheckConstraints(t *testing.T) {
+	d := open(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires) VALUES ('a', 'other', 'o', '', now() + interval '1 hour')",
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires) VALUES ('a', 'done', 'o', '', now() + interval '1 hour')",
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires, record) VALUES ('a', 'processing', 'o', '', now() + interval '1 hour', 'r')",
+	} {
+		if _, err := d.pool.Exec(ctx, strings.ReplaceAll(q, "{table}", d.ident())); err == nil {
+			t.Errorf("%s: accepted", q)
+		}
+	}
+}
+
+// TestRoundTrips counts the statements and round trips of each operation,
+// on one connection whose statements are prepared already: a protected
+// first execution costs 2, a replay 1.
+func TestRoundTrips(t *testing.T) {
+	var c pgtest.Counter
+	pool := pgtest.Pool(t, c.Configure, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	d := openOn(t, pool)
+	s, ctx := d.store, context.Background()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Prepare every statement on the connection.
+	warm := func(key string) {
+		s.Acquire(ctx, key, "o", "fp", time.Minute)
+		s.Acquire(ctx, key, "o2", "fp", time.Minute)
+		s.Extend(ctx, key, "o", time.Minute)
+		s.Complete(ctx, key, "o", []byte("r"), time.Hour)
+		s.Release(ctx, key, "o")
+	}
+	warm("warm")
+	count := func(what string, want int64, f func()) {
+		t.Helper()
+		c.Reset()
+		f()
+		if st, rt := c.Statements(), c.RoundTrips(); st != want || rt != want {
+			t.Errorf("%s: %d statements in %d round trips, want %d and %d", what, st, rt, want, want)
+		}
+	}
+	count("first execution (Acquire, Complete)", 2, func() {
+		res, err := s.Acquire(ctx, "k", "o1", "fp", time.Minute)
+		must(err)
+		if res.State != storage.Acquired {
+			t.Fatalf("Acquire: %v", res.State)
+		}
+		must(s.Complete(ctx, "k", "o1", []byte("record"), time.Hour))
+	})
+	count("replay (Acquire)", 1, func() {
+		if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Done {
+			t.Fatalf("Acquire: %+v, %v", res, err)
+		}
+	})
+	count("in flight (Acquire)", 1, func() {
+		s.Acquire(ctx, "k2", "o1", "fp", time.Minute)
+		c.Reset()
+		if res, err := s.Acquire(ctx, "k2", "o2", "fp", time.Minute); err != nil || res.State != storage.InFlight {
+			t.Fatalf("Acquire: %+v, %v", res, err)
+		}
+	})
+	count("Extend", 1, func() { must(s.Extend(ctx, "k2", "o1", time.Minute)) })
+	count("Release", 1, func() { must(s.Release(ctx, "k2", "o1")) })
+}
+
+// TestReplayWritesNothing: an Acquire that finds a done entry reads it and
+// writes no row version; one that finds the key in flight writes one (the
+// price of always returning the row it locked; see the package doc).
+func TestReplayWritesNothing(t *testing.T) {
+	d := open(t)
+	s, ctx := d.store, context.Background()
+	version := func(key string) string {
+		var v string
+		if err := d.pool.QueryRow(ctx, "SELECT xmin::text || ctid::text FROM "+d.ident()+" WHERE key = $1", []byte(key)).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	s.Acquire(ctx, "done", "o1", "fp", time.Minute)
+	if err := s.Complete(ctx, "done", "o1", []byte("r"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	before := version("done")
+	for range 3 {
+		if res, _ := s.Acquire(ctx, "done", "o2", "fp", time.Minute); res.State != storage.Done {
+			t.Fatalf("replay: %v", res.State)
+		}
+	}
+	if after := version("done"); after != before {
+		t.Errorf("a replay wrote a row version: %s, then %s", before, after)
+	}
+	s.Acquire(ctx, "busy", "o1", "fp", time.Minute)
+	before = version("busy")
+	if res, _ := s.Acquire(ctx, "busy", "o2", "fp", time.Minute); res.State != storage.InFlight {
+		t.Fatalf("in flight: %v", res.State)
+	}
+	if after := version("busy"); after == before {
+		t.Logf("an Acquire of a key in flight wrote no row version (cheaper than documented)")
+	}
+}
+
+// TestCleanup: expired rows go, in batches, live ones stay, and a row
+// another transaction has locked is skipped without waiting.
+func TestCleanup(t *testing.T) {
+	pool := pgtest.Pool(t)
+	clock, advance := frozenClock(t, pool)
+	d := openOn(t, pool, pgstore.WithClock(clock), pgstore.WithCleanupBatch(3))
+	s, ctx := d.store, context.Background()
+	for i := range 10 {
+		s.Acquire(ctx, "lease-"+string(rune('a'+i)), "o", "fp", time.Second)
+	}
+	s.Acquire(ctx, "live", "o", "fp", time.Hour)
+	s.Acquire(ctx, "done", "o", "fp", time.Second)
+	s.Complete(ctx, "done", "o", []byte("r"), time.Hour)
+	s.Acquire(ctx, "locked", "o", "fp", time.Second)
+	advance(time.Minute)
+
+	// Another transaction holds the lock on an expired row.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM "+d.ident()+" WHERE key = 'locked' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := s.Cleanup(cctx)
+	if err != nil || n != 10 {
+		t.Fatalf("Cleanup: %d rows, %v; want the 10 expired leases, and the locked row skipped", n, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"live": "processing", "done": "done", "locked": "processing", "lease-a": ""} {
+		if got := d.state(key); got != want {
+			t.Errorf("after Cleanup, %s is %q, want %q", key, got, want)
+		}
+	}
+	if n, err := s.Cleanup(ctx); err != nil || n != 1 {
+		t.Fatalf("second Cleanup: %d rows, %v; want the row unlocked since", n, err)
+	}
+}
+
+// TestJanitor: the janitor goroutine deletes expired rows on its own, and
+// Close stops it (goleak, in TestMain, checks that it is gone).
+func TestJanitor(t *testing.T) {
+	pool := pgtest.Pool(t)
+	clock, advance := frozenClock(t, pool)
+	d := openOn(t, pool, pgstore.WithClock(clock), pgstore.WithCleanupInterval(5*time.Millisecond))
+	ctx := context.Background()
+	d.store.Acquire(ctx, "k", "o", "fp", time.Second)
+	advance(time.Minute)
+	deadline := time.Now().Add(10 * time.Second)
+	for d.state("k") != "" {
+		if time.Now().After(deadline) {
+			t.Fatal("the janitor did not delete an expired row within 10s")
+		}
+		time.Sleep(5 * time.Millisecond) // the janitor's ticker: real time
+	}
+	d.store.Close()
+	d.store.Close() // idempotent
+	// The store stays usable.
+	if res, err := d.store.Acquire(ctx, "k", "o", "fp", time.Second); err != nil || res.State != storage.Acquired {
+		t.Fatalf("Acquire after Close: %+v, %v", res, err)
+	}
+}
+
+// TestErrorsWrap: errors name the operation and wrap the cause.
+func TestErrorsWrap(t *testing.T) {
+	d := open(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := d.store.Acquire(ctx, "k", "o", "fp", time.Minute)
+	if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "pgstore: acquire:") {
+		t.Errorf("Acquire on a canceled context: %v", err)
+	}
+	if err := d.store.Release(ctx, "k", "o"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Release on a canceled context: %v", err)
+	}
+}
