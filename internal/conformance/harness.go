@@ -17,11 +17,15 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -77,6 +81,35 @@ var storeKinds = []storeKind{
 		prefix := "conf:" + randomHex(8) + ":"
 		return redisstore.New(rdb, redisstore.WithPrefix(prefix)), redisAdvance(t, rdb, prefix)
 	}},
+	// PostgreSQL: a table of the test's own on the binary's shared server
+	// (skipped when PostgreSQL is not installed, unless IDEM_REQUIRE_PG=1).
+	{"postgres", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		pool := pgtest.Pool(t)
+		table := pgtest.Table(t, pool)
+		s, err := pgstore.New(pool, pgstore.WithTable(table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if err := s.CreateTable(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return s, pgAdvance(t, pool, table)
+	}},
+}
+
+// pgAdvance returns a function that moves time forward by d for the rows
+// of a pgstore table, whose database's clock cannot be moved: each row's
+// expiry comes d sooner. It is called on the test's goroutine, while the
+// scenario holds still.
+func pgAdvance(t *testing.T, pool *pgxpool.Pool, table string) func(time.Duration) {
+	q := "UPDATE " + pgx.Identifier{table}.Sanitize() + " SET expires = expires - $1::bigint * interval '1 microsecond'"
+	return func(d time.Duration) {
+		t.Helper()
+		if _, err := pool.Exec(t.Context(), q, d.Microseconds()); err != nil {
+			t.Fatalf("advancing the rows of %s by %v: %v", table, d, err)
+		}
+	}
 }
 
 // redisAdvance returns a function that moves time forward by d for the
