@@ -315,6 +315,10 @@ func waitReady(srv *server, timeout time.Duration) error {
 // initdb needs no other.
 func env() []string { return []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "LANG=C"} }
 
+// debianBins is where Debian's packages put the server's binaries, one
+// directory per major version.
+var debianBins = "/usr/lib/postgresql/*/bin"
+
 // binDir returns the directory holding initdb and postgres.
 func binDir() (string, error) {
 	var dirs []string
@@ -322,7 +326,7 @@ func binDir() (string, error) {
 		dirs = append(dirs, strings.TrimSpace(string(out)))
 	}
 	// Debian: /usr/lib/postgresql/<major>/bin, newest major first.
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	found, _ := filepath.Glob(debianBins)
 	slices.SortFunc(found, func(a, b string) int { return major(b) - major(a) })
 	dirs = append(dirs, found...)
 	if p, err := exec.LookPath("initdb"); err == nil {
