@@ -121,6 +121,25 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// TestContractExecModes runs the contract suite through pgx's modes that
+// prepare nothing, which a pool behind PgBouncer in transaction mode
+// needs: the statements and their binary arguments work in each.
+func TestContractExecModes(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := pgtest.Pool(t, func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.DefaultQueryExecMode = mode
+				cfg.MaxConns = 50
+			})
+			clock, advance := frozenClock(t, pool)
+			d := openOn(t, pool, pgstore.WithClock(clock))
+			storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+				return storagetest.Harness{Store: d.store, Advance: advance}
+			})
+		})
+	}
+}
+
 // TestContractFrozenClock runs the contract suite with the database's
 // clock stopped and moved by the suite: every clause, including the
 // rounding to milliseconds, is checked exactly. A table per subtest.
