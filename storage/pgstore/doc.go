@@ -37,10 +37,22 @@
 // within the TTL: a retry gets the stored response, or, when the process
 // died between the commit and the storing of the response, 409
 // ErrNotReplayable ("completed, but its response was not stored") instead
-// of a second order. What remains the application's: to call Fence in
-// every transaction whose change must not be made twice, to roll back
-// when Fence fails, and to keep the key for at least as long as clients
-// retry (the TTL).
+// of a second order. A request the middleware does not protect (no key,
+// or WithFailOpen ran it unprotected) is not fenced: Fence returns nil and
+// the transaction commits as it would without idem.
+//
+// What remains the application's:
+//
+//   - to call Fence in every transaction whose change must not be made
+//     twice, on the database of the store's table, and to roll back when
+//     Fence fails;
+//   - effects outside that database (a payment provider, an e-mail, a
+//     message broker) are not covered by its transaction: give them an
+//     idempotency key of their own (the client's key, or Info.Owner as a
+//     fencing token), or write them to an outbox table in the same
+//     transaction;
+//   - a TTL at least as long as clients retry: after it, the key is
+//     forgotten, and a retry runs the handler again.
 //
 // # States
 //
@@ -68,7 +80,11 @@
 // prepared it on the connection (pgx's default statement cache prepares a
 // statement the first time a connection runs it: one round trip more,
 // once), and atomic: a protected first execution costs two round trips
-// (Acquire, Complete), and a replay one. Leases and TTLs are judged by the
+// (Acquire, Complete), and a replay one; a Fence is one statement more in
+// the application's transaction. The statements also work in pgx's
+// QueryExecModeExec and QueryExecModeSimpleProtocol, which prepare
+// nothing, as a pool behind PgBouncer in transaction mode needs. Leases
+// and TTLs are judged by the
 // database's clock (clock_timestamp(), not now(), which is the
 // transaction's start), never the application's, so the instances' clocks
 // do not matter; durations are sent in milliseconds, rounded up.
@@ -79,7 +95,16 @@
 // the key in flight writes a new version of the row, unchanged (its DO
 // UPDATE always updates, which is what makes it return the row it locked;
 // see acquireSQL in the source): under a storm of concurrent duplicates,
-// that is one dead row version per refused request, for autovacuum.
+// that is one dead row version per refused request, for autovacuum. (The
+// alternative, a DO UPDATE ... WHERE that writes nothing when the key is
+// not free, returns no row then, and the SELECT that would have to find
+// it reads the statement's snapshot, which misses a row committed by a
+// concurrent Acquire meanwhile: such an Acquire would answer nothing.)
+//
+// On a loopback server without fsync (2 cores, one goroutine,
+// BenchmarkStore), a first execution's two statements take about 0.21 ms,
+// a replay about 0.09 ms and a conflict about 0.11 ms; on a real server
+// each write also waits for its commit to reach the disk.
 //
 // # Cost and tuning
 //

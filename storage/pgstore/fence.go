@@ -49,7 +49,9 @@ import (
 // the shortest time, and checks the lease as late as possible. Under
 // REPEATABLE READ or SERIALIZABLE, make it tx's first statement: later, a
 // lease the heartbeat extended after tx's snapshot was taken makes the
-// UPDATE fail with a serialization failure (SQLSTATE 40001). While tx holds
+// UPDATE fail with a serialization failure (SQLSTATE 40001), which such
+// transactions must be ready to retry anyway (first, the same can happen,
+// rarely, when a renewal lands during the Fence). While tx holds
 // the lock, the heartbeat's renewals of the lease wait for it too: a
 // transaction that runs longer than a lease after its Fence holds the key
 // nonetheless, since every Acquire waits for it.
