@@ -98,8 +98,8 @@ func WithCleanupBatch(n int) Option {
 // [Store.CreateTable], or with a migration of your own that runs
 // [Schema]'s text. The pool stays the caller's: Close does not close it.
 //
-// It fails, with an error wrapping [ErrTableName], when WithTable's name
-// is not accepted, or when pool is nil.
+// It fails when pool is nil, and with an error wrapping [ErrTableName]
+// when WithTable's name is not accepted.
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: nil pool")
