@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/internal/conformance"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -22,7 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(redistest.Wrap(m)) // stops the redis-servers the conformance suite started
+	goleak.VerifyTestMain(pgtest.Wrap(redistest.Wrap(m))) // stops the servers the conformance suite started
 }
 
 // newEcho returns an Echo that logs nothing.

@@ -15,14 +15,15 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/conformance"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	gin.DefaultErrorWriter = io.Discard      // gin.Recovery's panic reports
-	goleak.VerifyTestMain(redistest.Wrap(m)) // stops the redis-servers the conformance suite started
+	gin.DefaultErrorWriter = io.Discard                   // gin.Recovery's panic reports
+	goleak.VerifyTestMain(pgtest.Wrap(redistest.Wrap(m))) // stops the servers the conformance suite started
 }
 
 func TestConformance(t *testing.T) {

@@ -3,9 +3,12 @@ package nethttp_test
 import (
 	"testing"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
+	"go.uber.org/goleak"
 )
 
-// TestMain stops the redis-servers the conformance suite started and fails
-// the run if a goroutine leaked (a lease heartbeat, a memstore janitor).
-func TestMain(m *testing.M) { redistest.Main(m) }
+// TestMain stops the redis-servers and the PostgreSQL server the
+// conformance suite started (and removes their data) and fails the run if a
+// goroutine leaked (a lease heartbeat, a store's janitor).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Wrap(redistest.Wrap(m))) }
