@@ -90,7 +90,7 @@ func DSN(t testing.TB) string {
 	defer shared.mu.Unlock()
 	if !shared.done {
 		shared.done = true
-		shared.srv, shared.err = start()
+		shared.srv, shared.err = start(nil)
 	}
 	check(t, shared.err)
 	return shared.srv.dsn
@@ -179,6 +179,12 @@ type server struct {
 	cmd *exec.Cmd
 	dir string // the temporary directory: data, socket, logs
 	dsn string
+
+	// What starts it again on the same port and data (see Proc).
+	bin      string
+	cred     *cred
+	port     int
+	settings []string
 }
 
 // stop shuts the server down at once (SIGQUIT, an immediate shutdown:
@@ -189,13 +195,17 @@ func (s *server) stop() {
 	kill := time.AfterFunc(10*time.Second, func() { s.cmd.Process.Kill() })
 	s.cmd.Wait()
 	kill.Stop()
-	os.RemoveAll(s.dir)
+	s.removeDir()
 }
 
+// removeDir removes the server's directory.
+func (s *server) removeDir() { os.RemoveAll(s.dir) }
+
 // start finds the binaries, runs initdb, and starts postgres on a free
-// loopback port. A port taken between choosing it and the server binding
-// it makes the server exit, so it tries a few ports.
-func start() (*server, error) {
+// loopback port, with settings ("name=value", each passed as -c) after the
+// package's own, which they override. A port taken between choosing it and
+// the server binding it makes the server exit, so it tries a few ports.
+func start(settings []string) (*server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -232,7 +242,11 @@ func start() (*server, error) {
 		return fail(fmt.Errorf("initdb in %s: %w; its output:\n%s", dir, err, out))
 	}
 	for attempt := 1; ; attempt++ {
-		srv, err := startAt(bin, dir, cred)
+		port, err := freePort()
+		if err != nil {
+			return fail(err)
+		}
+		srv, err := startAt(bin, dir, cred, port, settings)
 		if err == nil {
 			return srv, nil
 		}
@@ -242,18 +256,15 @@ func start() (*server, error) {
 	}
 }
 
-// startAt runs postgres on the data directory in dir, on a free loopback
+// startAt runs postgres on the data directory in dir, on the loopback
 // port, and waits until it accepts connections.
-func startAt(bin, dir string, cred *cred) (*server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+func startAt(bin, dir string, cred *cred, port int, settings []string) (*server, error) {
 	logName := filepath.Join(dir, "postgres.log")
 	// The output goes to a file, not a pipe: a pipe needs a goroutine that
 	// copies it, which goleak would report in packages that never stop the
-	// shared server.
-	log, err := os.OpenFile(logName, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	// shared server. It is appended to, so that the log of a restarted
+	// server (see Proc) follows the first's.
+	log, err := os.OpenFile(logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -265,14 +276,18 @@ func startAt(bin, dir string, cred *cred) (*server, error) {
 	if len(dir) > 80 {
 		sockets = ""
 	}
+	args := []string{"-D", filepath.Join(dir, "data"),
+		"-p", strconv.Itoa(port), "-k", sockets,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=200", "-c", "shared_buffers=32MB"}
+	for _, s := range settings {
+		args = append(args, "-c", s)
+	}
 	srv := &server{
-		dir: dir,
+		dir: dir, bin: bin, cred: cred, port: port, settings: settings,
 		dsn: "postgres://postgres@" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + "/postgres?sslmode=disable",
-		cmd: exec.Command(filepath.Join(bin, "postgres"), "-D", filepath.Join(dir, "data"),
-			"-p", strconv.Itoa(port), "-k", sockets,
-			"-c", "listen_addresses=127.0.0.1",
-			"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-			"-c", "max_connections=200", "-c", "shared_buffers=32MB"),
+		cmd: exec.Command(filepath.Join(bin, "postgres"), args...),
 	}
 	srv.cmd.Env = env()
 	srv.cmd.Stdout, srv.cmd.Stderr = log, log

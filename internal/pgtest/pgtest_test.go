@@ -87,3 +87,42 @@ func TestSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestProcCrashKeepsCommits: a commit acknowledged before Crash is there
+// after Restart, on the same DSN; while crashed, connections are refused.
+func TestProcCrashKeepsCommits(t *testing.T) {
+	p := pgtest.StartProc(t)
+	if p.DSN() == pgtest.DSN(t) {
+		t.Fatal("StartProc shares the shared server")
+	}
+	conn, err := pgx.Connect(ctx, p.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sc string
+	if err := conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil || sc != "on" {
+		t.Fatalf("synchronous_commit %q, %v; want on", sc, err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1), (2)"); err != nil {
+		t.Fatal(err)
+	}
+	p.Crash()
+	if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("a connection of the crashed server still answers")
+	}
+	conn.Close(ctx)
+	if c, err := pgx.Connect(ctx, p.DSN()); err == nil {
+		c.Close(ctx)
+		t.Fatal("connected to the crashed server")
+	}
+	p.Restart()
+	conn, err = pgx.Connect(ctx, p.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM kept").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("after the restart: %d rows, %v; want 2", n, err)
+	}
+}
