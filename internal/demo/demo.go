@@ -1,7 +1,9 @@
 // Package demo is what the runnable examples (examples/nethttp,
-// examples/gin, examples/echo) share, so that each example file shows only
-// its framework's code: the flags, the choice of store, the server loop and
-// a scripted client that plays a retry, a reused key and a double click.
+// examples/gin, examples/echo, and in part examples/postgres) share, so
+// that each example file shows only its own code: the flags, the choice of
+// store, the server loop ([Serve]) and a scripted client that plays a
+// retry, a reused key and a double click ([Client]), and a burst of
+// duplicates ([Duplicates]).
 //
 // Each example is the same application, an order endpoint:
 //
@@ -13,6 +15,7 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -55,11 +58,9 @@ type NewServer func(store storage.Store, env *Env) (http.Handler, *idem.Middlewa
 //	-redis host:port       use Redis; default: the in-memory store
 //	-demo                  serve on a free port, run the scripted client, exit
 //
-// builds the application with newServer and serves it until SIGINT or
-// SIGTERM, or, with -demo, runs [Client] against it and exits with status 1
-// if any answer was not the one the kit promises. Either way it shuts down
-// in the order a deploy needs: the server (no new request; the handlers
-// finish), then the middleware (their records are stored), then the store.
+// builds the application with newServer and serves it with [Serve]: until
+// SIGINT or SIGTERM, or, with -demo, while [Client] runs against it; it
+// exits with status 1 if any answer was not the one the kit promises.
 func Main(newServer NewServer) {
 	log.SetFlags(0)
 	addr := flag.String("addr", "localhost:8080", "listen address")
@@ -71,35 +72,50 @@ func Main(newServer NewServer) {
 	env := NewEnv(os.Stderr)
 	h, m, err := newServer(store, env)
 	if err != nil {
+		closeStore()
 		log.Fatal(err)
 	}
+	var client func(base string) error
 	if *demo {
-		*addr = "127.0.0.1:0"
+		client = func(base string) error { return Client(os.Stdout, base) }
 	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
+	if err := Serve(*addr, storeName(*redisAddr), h, m, closeStore, client); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// Serve serves h on addr until SIGINT or SIGTERM; or, when client is not
+// nil, on a free loopback port while client runs against it (base is
+// "http://host:port"). Either way it then shuts down in the order a deploy
+// needs (see [Shutdown]): the server (no new request; the handlers
+// finish), then the middleware m (their records are stored), then the
+// store, with closeStore, which Serve always calls. storeName says in the
+// log which store serves. It returns the error of client, of the listener
+// or of the shutdown.
+func Serve(addr, storeName string, h http.Handler, m *idem.Middleware, closeStore func(), client func(base string) error) error {
+	if client != nil {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		closeStore()
+		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 
 	var failed error
-	if *demo {
-		failed = Client(os.Stdout, "http://"+ln.Addr().String())
+	if client != nil {
+		failed = client("http://" + ln.Addr().String())
 	} else {
-		log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), storeName(*redisAddr))
+		log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), storeName)
 		log.Printf("  curl -i -X POST http://%s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr())
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		<-ctx.Done()
 		stop()
 		log.Print("shutting down")
 	}
-	if err := Shutdown(srv, m, closeStore, 30*time.Second); err != nil {
-		log.Print(err)
-	}
-	if failed != nil {
-		log.Fatal(failed)
-	}
+	return errors.Join(failed, Shutdown(srv, m, closeStore, 30*time.Second))
 }
 
 // Shutdown stops an application in the order a deploy needs, within
@@ -249,14 +265,21 @@ type answer struct {
 // promised one.
 //
 // Each call uses keys of its own, order-1-RUN and order-2-RUN where RUN is
-// 8 random hex digits, as a real client makes a new key per operation: any
-// number of runs, in one process or in several against one Redis, get the
-// same answers.
+// 8 random hex digits ([RunID]), as a real client makes a new key per
+// operation: any number of runs, in one process or in several against one
+// Redis, get the same answers.
 func Client(out io.Writer, base string) error {
-	run, err := runID()
+	run, err := RunID()
 	if err != nil {
 		return err
 	}
+	return ClientRun(out, base, run)
+}
+
+// ClientRun is [Client] with the keys' RUN given by the caller, who can then
+// look them up: order-1-RUN (the first call, its retry and the different
+// body) and order-2-RUN (the double click).
+func ClientRun(out io.Writer, base, run string) error {
 	var errs []error
 	check := func(s step, a answer, err error) {
 		if err != nil {
@@ -305,8 +328,65 @@ func Client(out io.Writer, base string) error {
 	return errors.Join(errs...)
 }
 
-// runID returns 8 random hex digits.
-func runID() (string, error) {
+// Duplicates sends n identical requests at once, with one key and one body
+// (a client's retries racing each other, or n copies of one job), writes
+// to out the answer of the request the handler ran for and how many of each
+// answer came back, and returns an error unless the handler ran for exactly
+// one of them (201 without Idempotent-Replayed) and each other got either
+// 409 (the first was still in flight) or a replay of it: Idempotent-Replayed:
+// true, and the same status, Location and body, byte for byte.
+func Duplicates(out io.Writer, base, key, body string, n int) error {
+	s := step{title: fmt.Sprintf("%d identical requests at once (one key): the handler runs for one, the others get 409 or its replay", n),
+		key: key, body: body, status: http.StatusCreated}
+	answers := make([]answer, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			answers[i], errs[i] = send(base, s)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: %w", s.title, err)
+	}
+	var ran, replays []answer
+	conflicts := 0
+	for _, a := range answers {
+		switch {
+		case a.header.Get("Idempotent-Replayed") == "true":
+			replays = append(replays, a)
+		case a.status == http.StatusConflict:
+			conflicts++
+		default:
+			ran = append(ran, a)
+		}
+	}
+	if len(ran) != 1 || ran[0].status != http.StatusCreated {
+		var got []string
+		for _, a := range ran {
+			got = append(got, fmt.Sprintf("%d %s", a.status, bytes.TrimSpace(a.body)))
+		}
+		return fmt.Errorf("%s: the handler answered %d of them, want 1 with 201: %q", s.title, len(ran), got)
+	}
+	first := ran[0]
+	printAnswer(out, base, s, first)
+	fmt.Fprintf(out, "the %d others: %d x 201 with Idempotent-Replayed: true and this body, %d x 409\n", n-1, len(replays), conflicts)
+	for _, a := range replays {
+		if a.status != first.status || a.header.Get("Location") != first.header.Get("Location") || !bytes.Equal(a.body, first.body) {
+			return fmt.Errorf("%s: a replay differs from the original: %d %q %q, want %d %q %q", s.title,
+				a.status, a.header.Get("Location"), a.body, first.status, first.header.Get("Location"), first.body)
+		}
+	}
+	return nil
+}
+
+// RunID returns 8 random hex digits, which tell the keys of one run of the
+// scripted client from those of every other run.
+func RunID() (string, error) {
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("demo: run id: %w", err)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,5 +93,33 @@ func TestClientsAtOnce(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestDuplicates: a burst of identical requests passes Duplicates' check
+// on the memory store, and fails it without the middleware, where the
+// handler runs for each.
+func TestDuplicates(t *testing.T) {
+	store, closeStore := demo.OpenStore("")
+	defer closeStore()
+	s := demotest.Serve(t, newServer, store)
+	var out strings.Builder
+	if err := demo.Duplicates(&out, s.URL, "burst", `{"item":"lamp","amount":40}`, 6); err != nil {
+		t.Fatalf("%v\ntranscript:\n%s", err, out.String())
+	}
+	if got := out.String(); !strings.Contains(got, "6 identical requests at once") || !strings.Contains(got, "HTTP 201") ||
+		!regexp.MustCompile(`the 5 others: \d x 201 with Idempotent-Replayed: true and this body, \d x 409`).MatchString(got) {
+		t.Errorf("transcript:\n%s", got)
+	}
+
+	var runs atomic.Int64
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "run %d\n", runs.Add(1))
+	}))
+	defer bare.Close()
+	err := demo.Duplicates(io.Discard, bare.URL, "burst", "{}", 3)
+	if err == nil || !strings.Contains(err.Error(), "the handler answered 3 of them, want 1") {
+		t.Errorf("without the middleware: %v, want an error: the handler answered 3", err)
 	}
 }
