@@ -34,10 +34,12 @@
 //	err = tx.Commit(ctx)
 //
 // Once the transaction commits, the handler never runs again for that key
-// within the TTL: a retry gets the stored response, or, when the process
-// died between the commit and the storing of the response, 409
-// ErrNotReplayable ("completed, but its response was not stored") instead
-// of a second order. A request the middleware does not protect (no key,
+// within the TTL: a retry gets the stored response; while the execution
+// that committed may still store it (its lease runs), the 409 of a request
+// in flight, with Retry-After; and once that lease has run out without a
+// stored response (the process died between the commit and the storing of
+// the response), 409 ErrNotReplayable ("completed, but its response was not
+// stored"), or what idem.WithRebuild answers, instead of a second order. A request the middleware does not protect (no key,
 // or WithFailOpen ran it unprotected) is not fenced: Fence returns nil and
 // the transaction commits as it would without idem.
 //
@@ -62,17 +64,25 @@
 // [storage.Store] protocol in these ways, and only for the owner that
 // fenced:
 //
-//   - Acquire of a committed entry answers [storage.Done], with the
-//     encoding of response.Record{NotReplayable: true} as its record: the
-//     middleware answers 409 ErrNotReplayable, and never runs the handler.
+//   - The entry lives for the TTL from the Fence, and keeps the lease of
+//     the execution that committed it (the column held_until), which the
+//     owner's Extend renews until it runs out. Acquire of a committed entry
+//     answers [storage.InFlight] while that lease runs: the execution may
+//     still store its response, and a duplicate that arrives between the
+//     COMMIT and the storing of the response gets 409 with Retry-After (or
+//     waits, with WithWait), as for any request in flight, and then the
+//     replay. Once the lease has run out, Acquire answers [storage.Done],
+//     with the encoding of response.Record{NotReplayable: true} as its
+//     record: the middleware answers 409 ErrNotReplayable (or WithRebuild's
+//     answer), and never runs the handler.
 //   - Complete by the owner turns it into a done entry with the record (the
-//     normal path, after the handler returns).
-//   - Extend by the owner changes nothing and returns nil: the entry has no
-//     lease any more, it lives for the TTL from the Fence.
+//     normal path, after the handler returns), even after the lease ran
+//     out.
 //   - Release by the owner does not delete it, and returns nil: the
 //     application's change committed, so a retry must not run the handler
 //     again, whatever the handler answered afterwards (an error status,
-//     which the middleware does not store, or a panic).
+//     which the middleware does not store, or a panic). It ends the lease,
+//     so that a retry gets ErrNotReplayable at once.
 //
 // # The statements
 //

@@ -30,10 +30,11 @@ import (
 //     commit or the rollback. Once tx commits, the handler never runs
 //     again for the key within the TTL, whatever happens next: a retry
 //     gets the stored response once the middleware has completed the
-//     entry, and before that (the process died after the commit) a 409
-//     ErrNotReplayable, "completed, but its response was not stored".
-//     If tx rolls back, the entry is as it was: processing, with its
-//     lease.
+//     entry; before that, the 409 of a request in flight while this
+//     execution's lease runs, and once it has run out (the process died
+//     after the commit) a 409 ErrNotReplayable, "completed, but its
+//     response was not stored", or WithRebuild's answer. If tx rolls
+//     back, the entry is as it was: processing, with its lease.
 //   - The lease was lost (it ran out, and the entry expired or another
 //     execution took the key): Fence returns an error wrapping
 //     [storage.ErrNotOwner], and the handler must roll tx back: a stale

@@ -174,9 +174,12 @@ func wantNotReplayable409(t *testing.T, w *httptest.ResponseRecorder) {
 }
 
 // TestFenceThenDied (a): the handler commits its order with the fence,
-// and the process dies before the response is stored. A retry, even after
-// the lease has passed, gets 409 ErrNotReplayable and never runs the
-// handler; another owner's Acquire finds the entry done, not replayable.
+// and the process dies before the response is stored. While the lease of
+// the execution that committed runs, a retry gets the 409 of a request in
+// flight (with Retry-After: the execution may still store its response);
+// once it has passed, 409 ErrNotReplayable; it never runs the handler.
+// Another owner's Acquire finds the entry in flight, then done, not
+// replayable.
 func TestFenceThenDied(t *testing.T) {
 	a := newApp(t)
 	ctx := context.Background()
@@ -192,6 +195,14 @@ func TestFenceThenDied(t *testing.T) {
 	key := a.storageKey()
 	if s := a.state(key); s != "committed" {
 		t.Fatalf("entry %q after the commit, want committed", s)
+	}
+	if res := must(a.store.Acquire(ctx, key, "another owner", "fp", time.Minute)); res.State != storage.InFlight ||
+		res.LeaseLeft <= 0 || res.LeaseLeft > time.Minute {
+		t.Fatalf("Acquire within the lease: %v, lease left %v; want in flight, within a minute", res.State, res.LeaseLeft)
+	}
+	if w := a.serve("k1", func(context.Context) error { return nil }); w.Code != http.StatusConflict ||
+		w.Header().Get("Retry-After") == "" || strings.Contains(w.Body.String(), "#ErrNotReplayable") {
+		t.Fatalf("retry within the lease: %d %q Retry-After %q, want 409 in flight", w.Code, w.Body, w.Header().Get("Retry-After"))
 	}
 	a.shift(2 * time.Minute) // the lease (a minute) has passed
 	wantNotReplayable(t, must(a.store.Acquire(ctx, key, "another owner", "fp", time.Minute)))
@@ -257,18 +268,20 @@ func TestFenceLeaseLost(t *testing.T) {
 // TestFenceHoldsAcquire (c): while the handler's transaction holds the
 // fence, an Acquire of the key by another owner waits for it to end; then
 // it finds the entry committed (commit) or as it was (rollback): in flight
-// while the lease runs, free once it has run out during the wait.
+// while the lease runs, and once it has run out during the wait, done and
+// not replayable (commit) or free (rollback).
 func TestFenceHoldsAcquire(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		lease time.Duration
-		end   func(pgx.Tx) error
-		want  storage.State
+		name   string
+		lease  time.Duration
+		end    func(pgx.Tx) error
+		want   storage.State
+		orders int
 	}{
-		{"commit", time.Minute, commit, storage.Done},
-		{"commit after the lease ran out", 300 * time.Millisecond, commit, storage.Done},
-		{"rollback", time.Minute, rollback, storage.InFlight},
-		{"rollback after the lease ran out", 300 * time.Millisecond, rollback, storage.Acquired},
+		{"commit", time.Minute, commit, storage.InFlight, 1},
+		{"commit after the lease ran out", 300 * time.Millisecond, commit, storage.Done, 1},
+		{"rollback", time.Minute, rollback, storage.InFlight, 0},
+		{"rollback after the lease ran out", 300 * time.Millisecond, rollback, storage.Acquired, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a := newApp(t, idem.WithLease(c.lease))
@@ -312,12 +325,8 @@ func TestFenceHoldsAcquire(t *testing.T) {
 			if c.want == storage.Done {
 				wantNotReplayable(t, res)
 			}
-			wantOrders := 1
-			if c.want != storage.Done {
-				wantOrders = 0
-			}
-			if n := a.ordersCount(); n != wantOrders {
-				t.Fatalf("%d orders, want %d", n, wantOrders)
+			if n := a.ordersCount(); n != c.orders {
+				t.Fatalf("%d orders, want %d", n, c.orders)
 			}
 		})
 	}
@@ -540,5 +549,59 @@ func TestFenceClockNotTransactionStart(t *testing.T) {
 	}
 	if n := a.ordersCount(); n != 0 {
 		t.Fatalf("%d orders", n)
+	}
+}
+
+// TestFenceCommittedLease: a committed entry keeps the lease of the
+// execution that committed it. Acquire finds it in flight while that lease
+// runs; the owner's Extend renews it; the owner's Release ends it, after
+// which Acquire finds it done and not replayable, and Extend does not
+// bring it back; the owner's Complete still stores the response, which a
+// retry then replays.
+func TestFenceCommittedLease(t *testing.T) {
+	a := newApp(t)
+	ctx := context.Background()
+	left := func(key string) (storage.State, time.Duration) {
+		res := must(a.store.Acquire(ctx, key, "o2", "fp", time.Minute))
+		return res.State, res.LeaseLeft
+	}
+	w := a.serve("k", func(hctx context.Context) error {
+		if err := a.order(hctx, nil, commit); err != nil {
+			return err
+		}
+		info, _ := idem.FromContext(hctx)
+		key := info.StorageKey
+		if st, d := left(key); st != storage.InFlight || d <= 0 || d > time.Minute {
+			t.Errorf("after the commit: %v, lease left %v; want in flight, within a minute", st, d)
+		}
+		a.shift(40 * time.Second)
+		if st, d := left(key); st != storage.InFlight || d > 20*time.Second {
+			t.Errorf("40s later: %v, lease left %v; want in flight, at most 20s", st, d)
+		}
+		if err := a.store.Extend(ctx, key, info.Owner, time.Minute); err != nil {
+			t.Errorf("Extend by the owner: %v", err)
+		}
+		if st, d := left(key); st != storage.InFlight || d <= 20*time.Second {
+			t.Errorf("after Extend: %v, lease left %v; want in flight, more than 20s", st, d)
+		}
+		if err := a.store.Release(ctx, key, info.Owner); err != nil {
+			t.Errorf("Release by the owner: %v", err)
+		}
+		wantNotReplayable(t, must(a.store.Acquire(ctx, key, "o2", "fp", time.Minute)))
+		if err := a.store.Extend(ctx, key, info.Owner, time.Minute); err != nil {
+			t.Errorf("Extend by the owner after Release: %v", err)
+		}
+		wantNotReplayable(t, must(a.store.Acquire(ctx, key, "o2", "fp", time.Minute)))
+		if s := a.state(key); s != "committed" {
+			t.Errorf("entry %q, want committed", s)
+		}
+		return nil
+	})
+	if w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %q", w.Code, w.Body)
+	}
+	r := a.serve("k", func(context.Context) error { return nil })
+	if r.Code != http.StatusCreated || r.Header().Get("Idempotent-Replayed") != "true" || a.runs.Load() != 1 {
+		t.Fatalf("retry: %d %q replayed %q, %d runs; want the stored 201, 1 run", r.Code, r.Body, r.Header().Get("Idempotent-Replayed"), a.runs.Load())
 	}
 }

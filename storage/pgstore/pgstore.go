@@ -230,7 +230,9 @@ func newStatements(id pgx.Identifier, clock string) statements {
 // fingerprint, a record, or a lease or TTL in whole milliseconds.
 
 // acquireSQL: $3 fingerprint, $4 lease. It answers one row: state, mine
-// (the caller holds the entry now), fingerprint, record, lease left in ms.
+// (the caller holds the entry now), fingerprint, record, and the lease left
+// in ms: of a processing row, at least 1; of a committed row, that of the
+// execution that committed (held_until), or 0 once it has ended.
 //
 // cur reads a live done or committed row from the statement's snapshot:
 // such a row changes only by expiring (or, committed, by becoming done), so
@@ -251,26 +253,32 @@ func newStatements(id pgx.Identifier, clock string) statements {
 // or it is processing and held by the same owner (a resend). Otherwise every
 // column keeps its value.
 const acquireSQL = `WITH cur AS (
-  SELECT e.state, e.fingerprint, e.record FROM {table} e
+  SELECT e.state, e.fingerprint, e.record, e.held_until FROM {table} e
   WHERE e.key = $1 AND e.state <> 'processing' AND e.expires > clock_timestamp()
 ), ins AS (
   INSERT INTO {table} AS e (key, state, owner, fingerprint, expires)
   SELECT $1, 'processing', $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond'
   WHERE NOT EXISTS (SELECT FROM cur)
-  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, record) = (
+  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, held_until, record) = (
     SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
            CASE WHEN x.take THEN excluded.owner ELSE e.owner END,
            CASE WHEN x.take THEN excluded.fingerprint ELSE e.fingerprint END,
            CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END,
+           CASE WHEN x.take THEN NULL ELSE e.held_until END,
            CASE WHEN x.take THEN NULL ELSE e.record END
     FROM (SELECT c.now, e.expires <= c.now OR (e.state = 'processing' AND e.owner = excluded.owner) AS take
           FROM (SELECT clock_timestamp() AS now) c) x)
-  RETURNING e.state, e.owner = $2 AS mine, e.fingerprint, e.expires, e.record
+  RETURNING e.state, e.owner = $2 AS mine, e.fingerprint, e.expires, e.held_until, e.record
+), out AS (
+  SELECT state, false AS mine, fingerprint, record, held_until AS until FROM cur
+  UNION ALL
+  SELECT state, mine, fingerprint, record, CASE WHEN state = 'processing' THEN expires ELSE held_until END FROM ins
 )
-SELECT state, false, fingerprint, record, 0::bigint FROM cur
-UNION ALL
 SELECT state, mine, fingerprint, record,
-       greatest(ceil(extract(epoch FROM expires - clock_timestamp()) * 1000), 1)::bigint FROM ins`
+       CASE WHEN state = 'processing' THEN greatest(ceil(extract(epoch FROM until - clock_timestamp()) * 1000), 1)
+            WHEN until > clock_timestamp() THEN ceil(extract(epoch FROM until - clock_timestamp()) * 1000)
+            ELSE 0 END::bigint
+FROM out`
 
 // completeSQL: $3 record, $4 TTL. One row affected: done.
 //
@@ -282,6 +290,7 @@ SELECT state, mine, fingerprint, record,
 // sees the done row.
 const completeSQL = `UPDATE {table} e SET
   state = 'done',
+  held_until = NULL,
   record = CASE WHEN e.state = 'done' THEN e.record ELSE $3 END,
   expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
 WHERE e.key = $1 AND e.expires > clock_timestamp()
@@ -291,7 +300,10 @@ WHERE e.key = $1 AND e.expires > clock_timestamp()
 // by anyone else (nil), false for ErrNotOwner.
 //
 // del deletes the owner's processing row (expired or not). A committed row
-// is never deleted: its transaction committed the application's change.
+// is never deleted: its transaction committed the application's change;
+// unheld ends the lease of the owner's committed row instead, so that a
+// retry is answered at once (the response will not be stored), not after
+// the lease. The two never touch the same row: their states differ.
 // The check reads the snapshot: a live row that is neither the owner's
 // processing nor committed row means ErrNotOwner. When del found the
 // owner's row changed meanwhile (taken by another owner after its lease, or
@@ -302,21 +314,31 @@ WHERE e.key = $1 AND e.expires > clock_timestamp()
 const releaseSQL = `WITH del AS (
   DELETE FROM {table} e WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
   RETURNING 1
+), unheld AS (
+  UPDATE {table} e SET held_until = NULL WHERE e.key = $1 AND e.owner = $2 AND e.state = 'committed'
+  RETURNING 1
 )
-SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
+SELECT EXISTS (SELECT FROM del) OR EXISTS (SELECT FROM unheld) OR NOT EXISTS (
   SELECT FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp()
     AND NOT (e.owner = $2 AND e.state IN ('processing', 'committed')))`
 
-// extendSQL: $3 lease. One row affected: extended, or committed (which has
-// no lease: its expiry is its TTL's, and stays).
+// extendSQL: $3 lease. One row affected: extended. A processing row's
+// expiry is its lease; a committed row's expiry is its TTL's, and stays,
+// while the lease of the execution that committed it, held_until, is
+// extended unless it has ended (it ran out, or the owner's Release ended
+// it): like a processing row's, a lease that has run out stays so.
 const extendSQL = `UPDATE {table} e SET
-  expires = CASE WHEN e.state = 'processing' THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.expires END
+  expires = CASE WHEN e.state = 'processing' THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.expires END,
+  held_until = CASE WHEN e.state = 'committed' AND e.held_until > clock_timestamp()
+    THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.held_until END
 WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
 
 // fenceSQL: $3 TTL. One row affected: the caller's transaction holds the
-// row lock and the entry is committed in it.
+// row lock and the entry is committed in it, held until the end of the
+// lease (SET reads the row as it was).
 const fenceSQL = `UPDATE {table} e SET
   state = 'committed',
+  held_until = CASE WHEN e.state = 'processing' THEN e.expires ELSE e.held_until END,
   expires = clock_timestamp() + $3::bigint * interval '1 millisecond'
 WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
 
@@ -359,8 +381,12 @@ func bytes(s string) []byte {
 }
 
 // Acquire implements [storage.Store.Acquire]. A committed entry (see
-// [Store.Fence]) is answered as done, with the encoding of
-// response.Record{NotReplayable: true} as its record. Errors wrap
+// [Store.Fence]) is in flight while the lease of the execution that
+// committed it runs (it may still store its response: the middleware
+// answers 409 with Retry-After, or waits), and then done, with the
+// encoding of response.Record{NotReplayable: true} as its record (the
+// response is taken as lost: 409 ErrNotReplayable, or WithRebuild's
+// answer). Errors wrap
 // [storage.ErrInvalid], or say that the database could not be reached or
 // failed.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
@@ -383,6 +409,8 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	case state == "processing" && mine:
 		return storage.Result{State: storage.Acquired}, nil
 	case state == "processing":
+		return storage.Result{State: storage.InFlight, Fingerprint: string(fp), LeaseLeft: time.Duration(left) * time.Millisecond}, nil
+	case state == "committed" && left > 0:
 		return storage.Result{State: storage.InFlight, Fingerprint: string(fp), LeaseLeft: time.Duration(left) * time.Millisecond}, nil
 	case state == "committed":
 		return storage.Result{State: storage.Done, Fingerprint: string(fp), Record: notReplayable}, nil
@@ -414,8 +442,9 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 }
 
 // Release implements [storage.Store.Release], with one exception: the
-// owner's committed entry (see [Store.Fence]) is not deleted, and Release
-// returns nil. Errors wrap [storage.ErrNotOwner], or say that the database
+// owner's committed entry (see [Store.Fence]) is not deleted; its lease
+// ends (a retry gets ErrNotReplayable at once), and Release returns nil.
+// Errors wrap [storage.ErrNotOwner], or say that the database
 // could not be reached or failed.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
 	var ok bool
@@ -429,8 +458,8 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 }
 
 // Extend implements [storage.Store.Extend]. On the owner's committed entry
-// (see [Store.Fence]), which has no lease, it changes nothing and returns
-// nil. Errors wrap [storage.ErrNotOwner] or [storage.ErrInvalid], or say
+// (see [Store.Fence]) it extends the lease during which the entry is in
+// flight, not the entry's expiry (its TTL's). Errors wrap [storage.ErrNotOwner] or [storage.ErrInvalid], or say
 // that the database could not be reached or failed.
 func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
 	if lease <= 0 {

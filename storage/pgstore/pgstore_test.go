@@ -68,7 +68,8 @@ func (d *db) exec(q string, args ...any) int64 {
 // does for Redis keys: every expiry comes dur sooner.
 func (d *db) shift(dur time.Duration) {
 	d.t.Helper()
-	d.exec("UPDATE {table} SET expires = expires - $1::bigint * interval '1 microsecond'", dur.Microseconds())
+	d.exec("UPDATE {table} SET expires = expires - $1::bigint * interval '1 microsecond', "+
+		"held_until = held_until - $1::bigint * interval '1 microsecond'", dur.Microseconds())
 }
 
 // state returns the state of key's row, "" when there is none.

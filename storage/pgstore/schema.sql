@@ -19,6 +19,10 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     -- TTL. A row whose time has come is treated as absent, whether or not
     -- the janitor has deleted it yet. Judged by the database's clock.
     expires     timestamptz NOT NULL,
+    -- committed: the end of the lease of the execution that committed. Until
+    -- then it may still store its response, and the entry is in flight;
+    -- after it, the response is taken as lost. NULL otherwise.
+    held_until  timestamptz,
     -- done: the encoded response; NULL otherwise.
     record      bytea,
     CHECK ((state = 'done') = (record IS NOT NULL))
