@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -22,12 +23,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanup{redistest.Wrap(m)}) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanup{pgtest.Wrap(redistest.Wrap(m))}) }
 
 // cleanup removes the server binary after the tests.
 type cleanup struct{ m goleak.TestingM }
@@ -87,14 +90,25 @@ type server struct {
 // those of IDEM_E2E_SERVER_FLAGS, and kills them when the test ends.
 func startServers(t testing.TB, n int, flags ...string) []*server {
 	t.Helper()
-	bin := serverBinary(t)
-	if extra := strings.Fields(os.Getenv("IDEM_E2E_SERVER_FLAGS")); len(extra) > 0 {
-		t.Logf("IDEM_E2E_SERVER_FLAGS: idemserver %s", strings.Join(extra, " "))
-		flags = append(slices.Clip(flags), extra...)
+	each := make([][]string, n)
+	for i := range each {
+		each[i] = flags
 	}
-	srvs := make([]*server, n)
-	for i := range srvs {
-		srvs[i] = startServer(t, bin, i, flags)
+	return startEach(t, each...)
+}
+
+// startEach starts an idemserver process for each set of flags, followed
+// by those of IDEM_E2E_SERVER_FLAGS, and kills them when the test ends.
+func startEach(t testing.TB, flags ...[]string) []*server {
+	t.Helper()
+	bin := serverBinary(t)
+	extra := strings.Fields(os.Getenv("IDEM_E2E_SERVER_FLAGS"))
+	if len(extra) > 0 {
+		t.Logf("IDEM_E2E_SERVER_FLAGS: idemserver %s", strings.Join(extra, " "))
+	}
+	srvs := make([]*server, len(flags))
+	for i, f := range flags {
+		srvs[i] = startServer(t, bin, i, append(slices.Clip(f), extra...))
 	}
 	return srvs
 }
@@ -160,15 +174,25 @@ type reply struct {
 	ctype      string // Content-Type
 	exec       string // X-Exec: the execution that made the response
 	body       []byte // kept for 2xx only
+	problem    string // the type of an RFC 9457 problem body
 	err        error
+}
+
+// notReplayableType is the problem type of idem's ErrNotReplayable.
+var notReplayableType = (&idem.Error{Kind: idem.ErrNotReplayable}).Type()
+
+// notReplayable reports whether r is idem's 409 ErrNotReplayable: the key
+// completed, its response was not kept. Retrying does not change it.
+func (r *reply) notReplayable() bool {
+	return r.err == nil && r.status == http.StatusConflict && r.problem == notReplayableType
 }
 
 func (r *reply) String() string {
 	if r.err != nil {
 		return fmt.Sprintf("%s (%s) to server %d: %v", r.rid, r.key, r.srv, r.err)
 	}
-	return fmt.Sprintf("%s (%s) to server %d: %d replayed=%t Retry-After=%q X-Exec=%q %q",
-		r.rid, r.key, r.srv, r.status, r.replayed, r.retryAfter, r.exec, r.body)
+	return fmt.Sprintf("%s (%s) to server %d: %d replayed=%t Retry-After=%q X-Exec=%q problem=%q %q",
+		r.rid, r.key, r.srv, r.status, r.replayed, r.retryAfter, r.exec, r.problem, r.body)
 }
 
 // sameResponse reports whether r carries the same response as the
@@ -221,6 +245,11 @@ func (c *client) post(ctx context.Context, srvs []*server, srv int, key, rid str
 	if r.status/100 == 2 {
 		r.body = body
 	}
+	if strings.HasPrefix(r.ctype, "application/problem+json") {
+		var p struct{ Type string }
+		json.Unmarshal(body, &p)
+		r.problem = p.Type
+	}
 	return r
 }
 
@@ -246,7 +275,8 @@ type loadConfig struct {
 // load sends keys, each as dups concurrent duplicates spread round-robin
 // across the servers. A duplicate that gets 409 or 503 retries, on the
 // next server, after a short pause, until it gets another answer (its
-// final one) or maxAttempts or the context end.
+// final one) or maxAttempts or the context end. A 409 ErrNotReplayable is
+// final: the key completed.
 type load struct {
 	cfg  loadConfig
 	c    *client
@@ -346,7 +376,7 @@ func (l *load) dup(ctx context.Context, it item) {
 		r := l.c.post(ctx, l.srvs, srv, it.key, fmt.Sprintf("%s/%d/%d", it.key, it.d, attempt), false)
 		l.record(r)
 		last = r
-		if r.err == nil && r.status != http.StatusConflict && r.status != http.StatusServiceUnavailable {
+		if r.err == nil && r.status != http.StatusConflict && r.status != http.StatusServiceUnavailable || r.notReplayable() {
 			break
 		}
 		if !sleep(ctx, backoff) {
@@ -479,12 +509,17 @@ func executions(t testing.TB, ctx context.Context, rdb *redis.Client, keys []str
 				}
 				out[k] = append(out[k], e)
 			}
-			slices.SortFunc(out[k], func(a, b execution) int {
-				return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.pid, b.pid), cmp.Compare(len(a.seq), len(b.seq)), strings.Compare(a.seq, b.seq))
-			})
+			sortExecutions(out[k])
 		}
 	}
 	return out
+}
+
+// sortExecutions sorts a key's executions in the order they started.
+func sortExecutions(ex []execution) {
+	slices.SortFunc(ex, func(a, b execution) int {
+		return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.pid, b.pid), cmp.Compare(len(a.seq), len(b.seq)), strings.Compare(a.seq, b.seq))
+	})
 }
 
 // countExecutions returns the number of executions of key so far.

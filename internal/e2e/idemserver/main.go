@@ -94,6 +94,8 @@ func main() {
 	steal := flag.Bool("steal-leases", false, "test of the count: a broken store whose Acquire takes a key held in flight by another owner")
 	grace := flag.Duration("shutdown-timeout", 30*time.Second, "bound of the whole shutdown on SIGTERM or SIGINT")
 	noWait := flag.Bool("no-shutdown-wait", false, "test of the shutdown test: exit right after http.Server.Shutdown, without waiting for the records (Middleware.Shutdown)")
+	var pg pgFlags
+	pg.register()
 	flag.Parse()
 	if *count == "" {
 		*count = *store
@@ -101,20 +103,45 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix(fmt.Sprintf("idemserver[%d]: ", os.Getpid()))
 
-	client := func(addr string) *redis.Client {
-		opt := redisstore.ClientOptions(addr)
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = *timeout, *timeout, *timeout
-		opt.MaxRetries, opt.DialerRetries = *retries, *dialRetries
-		return redis.NewClient(opt)
-	}
-	counts := client(*count)
-	records := client(*store)
-	var inner storage.Store = redisstore.New(records, redisstore.WithPrefix(*prefix))
-	if *steal {
-		inner = thief{Store: inner, rdb: records, prefix: *prefix}
+	var (
+		inner   storage.Store
+		counts  *redis.Client // nil with -pg
+		handler http.Handler
+		closers []func() error
+		opts    = []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
+	)
+	g := newGate()
+	if pg.dsn != "" {
+		o, err := pg.open(g, *delay)
+		if err != nil {
+			log.Fatal(err)
+		}
+		inner, handler, closers = o.store, o, []func() error{o.close}
+		if *steal {
+			inner = thief{Store: inner, drop: o.drop}
+		}
+		if pg.rebuild {
+			opts = append(opts, idem.WithRebuild(o.rebuild))
+		}
+	} else {
+		client := func(addr string) *redis.Client {
+			opt := redisstore.ClientOptions(addr)
+			opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = *timeout, *timeout, *timeout
+			opt.MaxRetries, opt.DialerRetries = *retries, *dialRetries
+			return redis.NewClient(opt)
+		}
+		counts = client(*count)
+		records := client(*store)
+		inner = redisstore.New(records, redisstore.WithPrefix(*prefix))
+		if *steal {
+			inner = thief{Store: inner, drop: func(ctx context.Context, key string) error {
+				return records.Del(ctx, *prefix+key).Err()
+			}}
+		}
+		handler = &app{counts: counts, delay: *delay, twice: *twice, gate: g}
+		closers = []func() error{counts.Close, records.Close}
 	}
 	st := watched{Store: inner, counts: counts, failed: new(sync.Map)}
-	opts := []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
 	if *failOpen {
 		opts = append(opts, idem.WithFailOpen())
 	}
@@ -123,8 +150,7 @@ func main() {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	g := newGate()
-	mux.Handle("POST /orders", nethttp.Middleware(m)(&app{counts: counts, delay: *delay, twice: *twice, gate: g}))
+	mux.Handle("POST /orders", nethttp.Middleware(m)(handler))
 	mux.HandleFunc("POST /gate/close", func(w http.ResponseWriter, r *http.Request) { g.close() })
 	mux.HandleFunc("POST /gate/open", func(w http.ResponseWriter, r *http.Request) { g.openUp() })
 	mux.HandleFunc("GET /gate/held", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, g.held.Load()) })
@@ -145,16 +171,17 @@ func main() {
 	case <-stop.Done():
 	}
 	unnotify() // a second signal kills the process
-	os.Exit(shutdown(srv, m, st, *grace, *noWait, counts, records))
+	os.Exit(shutdown(srv, m, st, *grace, *noWait, closers...))
 }
 
 // shutdown stops the process in the order Middleware.Shutdown documents,
 // all within grace: the server stops accepting and waits for its handlers,
 // then the middleware waits for their records (unless noWait, the
 // shutdown that forgets them, to test the test), then the Redis clients
-// are closed. It prints each step on stdout and returns the exit code: 0
-// when every step succeeded and st holds no record it failed to store.
-func shutdown(srv *http.Server, m *idem.Middleware, st watched, grace time.Duration, noWait bool, clients ...*redis.Client) int {
+// are closed (closers). It prints each step on stdout and returns the exit
+// code: 0 when every step succeeded and st holds no record it failed to
+// store.
+func shutdown(srv *http.Server, m *idem.Middleware, st watched, grace time.Duration, noWait bool, closers ...func() error) int {
 	begin := time.Now()
 	fmt.Printf("shutdown: signal at %s, within %v\n", begin.Format("15:04:05.000"), grace)
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
@@ -178,9 +205,9 @@ func shutdown(srv *http.Server, m *idem.Middleware, st watched, grace time.Durat
 	} else {
 		fmt.Printf("shutdown: records stored after %v\n", time.Since(begin).Round(time.Millisecond))
 	}
-	for _, c := range clients {
-		if err := c.Close(); err != nil {
-			fmt.Printf("shutdown: closing a Redis client: %v\n", err)
+	for _, c := range closers {
+		if err := c(); err != nil {
+			fmt.Printf("shutdown: closing a client: %v\n", err)
 			code = 1
 		}
 	}
@@ -337,11 +364,10 @@ func (a *app) hset(ctx context.Context, h, field, value string, then func(added 
 
 // thief is the store broken on purpose (-steal-leases), to show that the
 // tests see a second execution: its Acquire takes a key held in flight by
-// another owner, by deleting the other's lease and acquiring again.
+// another owner, by deleting the other's lease (drop) and acquiring again.
 type thief struct {
 	storage.Store
-	rdb    *redis.Client
-	prefix string
+	drop func(ctx context.Context, key string) error
 }
 
 func (s thief) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
@@ -349,14 +375,15 @@ func (s thief) Acquire(ctx context.Context, key, owner, fingerprint string, leas
 	if err != nil || res.State != storage.InFlight {
 		return res, err
 	}
-	if err := s.rdb.Del(ctx, s.prefix+key).Err(); err != nil {
+	if err := s.drop(ctx, key); err != nil {
 		return storage.Result{}, err
 	}
 	log.Printf("stole %s", key)
 	return s.Store.Acquire(ctx, key, owner, fingerprint, lease)
 }
 
-// watched is the store, reporting every record it could not store.
+// watched is the store, reporting every record it could not store (in
+// the set "lost" of counts; only on stdout when counts is nil).
 type watched struct {
 	storage.Store
 	counts *redis.Client
@@ -384,6 +411,9 @@ func (s watched) Complete(ctx context.Context, key, owner string, record []byte,
 	case err != nil:
 		log.Printf("lost owner=%s not-owner=%t: %v", owner, errors.Is(err, storage.ErrNotOwner), err)
 		s.failed.Store(owner, true)
+		if s.counts == nil {
+			break
+		}
 		if err := s.counts.SAdd(cctx, "lost", owner).Err(); err != nil {
 			log.Printf("lost owner=%s not recorded: %v", owner, err)
 		}
@@ -391,6 +421,9 @@ func (s watched) Complete(ctx context.Context, key, owner string, record []byte,
 		// The middleware retries a failed Complete for up to a lease:
 		// this one got through after all, so the record is not lost.
 		log.Printf("stored after a retry owner=%s", owner)
+		if s.counts == nil {
+			break
+		}
 		if err := s.counts.SRem(cctx, "lost", owner).Err(); err != nil {
 			log.Printf("lost owner=%s not cleared: %v", owner, err)
 		}
