@@ -12,8 +12,9 @@ import (
 // bare is the same handler without the middleware, measured in the same
 // run; every other case also reports its cost over bare (ns-over-bare/op,
 // allocs-over-bare/op, B-over-bare/op), so keep bare in any -bench filter.
-// The redis store needs a redis-server (see internal/redistest) and is
-// skipped without one.
+// The redis store needs a redis-server (see internal/redistest), the
+// postgres store a PostgreSQL server (see internal/pgtest), and each is
+// skipped without one. BenchmarkFence measures pgstore's Fence.
 func BenchmarkMiddleware(b *testing.B) {
 	for _, a := range adapters {
 		b.Run(a.name, func(b *testing.B) {
@@ -51,8 +52,8 @@ func BenchmarkMiddleware(b *testing.B) {
 type cost struct{ ns, allocs, bytes float64 }
 
 // measure runs the case's request b.N times and returns its cost. In the
-// large case it deletes the stored records every largeKept requests, with
-// the timer stopped and its allocations left out.
+// large case it deletes the records of a Redis or PostgreSQL store every
+// largeKept requests, with the timer stopped and its allocations left out.
 func measure(b *testing.B, bc benchCase, s *setup) cost {
 	send, ok := bc.prepare(b, s)
 	if send(); !ok() {
@@ -61,7 +62,7 @@ func measure(b *testing.B, bc benchCase, s *setup) cost {
 	b.ReportAllocs()
 	var before, after, t0, t1 runtime.MemStats
 	var trimMallocs, trimBytes uint64
-	trim := bc.large && s.store.rdb != nil
+	trim := bc.large && s.store.mem == nil // the memory store bounds itself
 	runtime.ReadMemStats(&before)
 	for i := 1; b.Loop(); i++ {
 		send()

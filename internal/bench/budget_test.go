@@ -21,6 +21,17 @@ const (
 	// Redis store, allocations over the bare handler.
 	redisFirstAllocs  = 30
 	redisReplayAllocs = 15
+	// PostgreSQL store, allocations over the bare handler. Issue 4 set no
+	// budget for this store, which came later: these are the levels
+	// measured when it joined the benchmarks (the most of the three
+	// adapters), held as ceilings so that a regression fails.
+	pgFirstAllocs    = 47
+	pgReplayAllocs   = 23
+	pgConflictAllocs = 29
+	pgPassAllocs     = 0
+	// The allocations that Store.Fence adds to a handler's own
+	// transaction: also a level measured, held as a ceiling.
+	pgFenceAllocs = 8
 	// Bytes allocated by a request answering 1 MiB, over the bare
 	// handler, as a multiple of the body: one capture copy plus the
 	// encoded record.
@@ -45,7 +56,8 @@ type knownMiss struct {
 // an entry whose budget is met: remove it then. The budgets themselves are
 // not changed.
 var knownMisses = map[string]knownMiss{
-	"record/redis": {472, "with the 37-byte key of the test, Redis 7.0 spends 88 bytes on the key, its dict entry and object header, leaving 302 for the value; the 333-byte value (329 before the record checksum) takes a 384-byte allocation, and no value holding the 294 bytes of body and headers uncompressed (and the 16-byte fingerprint) fits the 256-byte class below 302"},
+	"large/postgres": {4.04, "pgx copies the record twice on its way to the socket: it encodes the []byte parameter into the query's buffer of parameter values, then copies that into the Bind message in the connection's write buffer, and drops either buffer after a query that grew it past 256 bytes and 1 KiB, so both are allocated anew for each Complete; with the capture and the record itself that is four times the body"},
+	"record/redis":   {472, "with the 37-byte key of the test, Redis 7.0 spends 88 bytes on the key, its dict entry and object header, leaving 302 for the value; the 333-byte value (329 before the record checksum) takes a 384-byte allocation, and no value holding the 294 bytes of body and headers uncompressed (and the 16-byte fingerprint) fits the 256-byte class below 302"},
 }
 
 // check holds the figure got of the budget named key, which it must not
@@ -67,7 +79,8 @@ func check(t *testing.T, key string, got, budget float64, format string, args ..
 	}
 }
 
-// roundTrips is the number of Redis round trips each case costs.
+// roundTrips is the number of store round trips each case costs, on Redis
+// and on PostgreSQL, where each is one statement.
 var roundTrips = map[string]int64{"passthrough": 0, "first": 2, "replay": 1, "conflict": 1}
 
 // allocsPerRequest returns the allocations of one request of the case on
@@ -113,6 +126,8 @@ func TestAllocationBudget(t *testing.T) {
 	budgets := map[string]map[string]float64{
 		"memory": {"passthrough": memPassAllocs, "first": memFirstAllocs, "replay": memReplayAllocs},
 		"redis":  {"first": redisFirstAllocs, "replay": redisReplayAllocs},
+		"postgres": {"passthrough": pgPassAllocs, "first": pgFirstAllocs, "replay": pgReplayAllocs,
+			"conflict": pgConflictAllocs},
 	}
 	for _, sk := range storeKinds {
 		t.Run(sk.name, func(t *testing.T) {
@@ -147,25 +162,37 @@ func budgetText(b float64, ok bool) any {
 	return b
 }
 
-func TestRedisRoundTrips(t *testing.T) {
-	sk := storeKinds[1]
+func TestRedisRoundTrips(t *testing.T) { testRoundTrips(t, storeKindNamed("redis")) }
+
+// TestPostgresRoundTrips counts with pgtest.Counter: the writes to the
+// connections' sockets, and the statements, which must be as many.
+func TestPostgresRoundTrips(t *testing.T) { testRoundTrips(t, storeKindNamed("postgres")) }
+
+// testRoundTrips holds every adapter on the store to roundTrips.
+func testRoundTrips(t *testing.T, sk storeKind) {
 	for _, a := range adapters {
 		t.Run(a.name, func(t *testing.T) {
 			s := newSetup(t, a, sk, false)
 			for _, name := range []string{"passthrough", "first", "replay", "conflict"} {
 				send, ok := caseNamed(name).prepare(t, s)
-				send() // warms the connection (HELLO) and loads the scripts
+				// Warms the connection: Redis's HELLO and scripts,
+				// PostgreSQL's statements, which pgx prepares on a
+				// connection's first use of each (one round trip more).
+				send()
 				const n = 50
-				s.store.counter.Reset()
+				s.store.resetCount()
 				for range n {
 					send()
 				}
-				got := s.store.counter.Count()
+				got := s.store.roundTrips()
 				if !ok() {
 					t.Fatalf("%s: unexpected answer", name)
 				}
 				if want := roundTrips[name] * n; got != want {
 					t.Errorf("%s: %d round trips for %d requests, want %d each", name, got, n, roundTrips[name])
+				}
+				if c := s.store.pgCounter; c != nil && c.Statements() != got {
+					t.Errorf("%s: %d statements for %d round trips, want as many", name, c.Statements(), got)
 				}
 			}
 		})
@@ -206,6 +233,18 @@ func TestRecordSize(t *testing.T) {
 			case s.store.mem != nil:
 				got := s.store.mem.Bytes()
 				t.Logf("memory store: %d bytes accounted for %d of body and stored headers (+%d: key, fingerprint, encoding)", got, payload, got-payload)
+			case s.store.pg != nil:
+				// The row's size as PostgreSQL stores it (its tuple header
+				// included, not its 4-byte line pointer) and its record's;
+				// the two indexes (key, expires) hold an entry each besides.
+				var row, rec int
+				err := s.store.pool.QueryRow(context.Background(),
+					"SELECT pg_column_size(t.*), pg_column_size(t.record) FROM "+s.store.table+" t").Scan(&row, &rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("postgres: row %d bytes (record %d) for %d of body and stored headers (+%d: key, owner, fingerprint, state, expiry, encoding, tuple header)",
+					row, rec, payload, row-payload)
 			default:
 				ctx := context.Background()
 				keys, err := s.store.rdb.Keys(ctx, s.store.prefix+"*").Result()
@@ -237,7 +276,7 @@ func noopAllocs(t *testing.T, a adapter) float64 {
 	case "echo":
 		mount := func(mw ...echo.MiddlewareFunc) http.Handler {
 			e := echo.New()
-			e.POST("/orders", echoHandler(false), mw...)
+			e.POST("/orders", echoHandler(handler{}), mw...)
 			return e
 		}
 		noop := func(next echo.HandlerFunc) echo.HandlerFunc {

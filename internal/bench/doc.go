@@ -1,8 +1,10 @@
 // Package bench measures what the idem middleware costs: benchmarks of
 // every adapter (nethttp, ginidem, echoidem) on every store (memory, and a
-// real redis-server when there is one) against the same handler without
-// the middleware, and tests that hold the deterministic budgets (store
-// round trips, allocations, bytes per stored record).
+// real redis-server and PostgreSQL server when there are: see
+// internal/redistest and internal/pgtest) against the same handler without
+// the middleware, the cost of pgstore's Fence in a handler's own
+// transaction, and tests that hold the deterministic budgets (store round
+// trips, allocations, bytes per stored record).
 //
 // The package holds only tests:
 //

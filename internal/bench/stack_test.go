@@ -16,20 +16,27 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
-// TestMain stops the shared redis-server and checks for leaked goroutines.
+// TestMain stops the shared redis-server and PostgreSQL server (and
+// removes their data) and fails the run if a goroutine leaked (a lease
+// heartbeat, a store's janitor, a pool's health check).
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.ReleaseMode)
-	redistest.Main(m)
+	goleak.VerifyTestMain(pgtest.Wrap(redistest.Wrap(m)))
 }
 
 // The response every handler writes: 201, three headers and a 200-byte
@@ -52,15 +59,35 @@ const (
 const storedHeaderBytes = len("Content-Type") + len("application/json") +
 	len("Location") + len(location) + len("X-Request-Id") + len(requestID)
 
-// Handlers for each framework. They drain the request body, as a real
-// handler reads it, and answer in one Write; large selects the 1 MiB body.
-func stdHandler(large bool) http.Handler {
-	body := orderJSON
-	if large {
-		body = largeBody
+// handler says what the handlers of a setup do.
+type handler struct {
+	// large answers the 1 MiB body instead of orderJSON.
+	large bool
+	// tx, when not nil, runs before the handler answers, with the
+	// request's context: the application's own transaction (see
+	// orders.tx). When it fails, the handler answers 500.
+	tx func(ctx context.Context) error
+}
+
+func (hd handler) body() []byte {
+	if hd.large {
+		return largeBody
 	}
+	return orderJSON
+}
+
+// Handlers for each framework. They drain the request body, as a real
+// handler reads it, run hd.tx if there is one, and answer in one Write.
+func stdHandler(hd handler) http.Handler {
+	body := hd.body()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
+		if hd.tx != nil {
+			if err := hd.tx(r.Context()); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
 		h.Set("Location", location)
@@ -70,26 +97,31 @@ func stdHandler(large bool) http.Handler {
 	})
 }
 
-func ginHandler(large bool) gin.HandlerFunc {
-	body := orderJSON
-	if large {
-		body = largeBody
-	}
+func ginHandler(hd handler) gin.HandlerFunc {
+	body := hd.body()
 	return func(c *gin.Context) {
 		io.Copy(io.Discard, c.Request.Body)
+		if hd.tx != nil {
+			if err := hd.tx(c.Request.Context()); err != nil {
+				c.String(http.StatusInternalServerError, err.Error())
+				return
+			}
+		}
 		c.Header("Location", location)
 		c.Header("X-Request-Id", requestID)
 		c.Data(http.StatusCreated, "application/json", body)
 	}
 }
 
-func echoHandler(large bool) echo.HandlerFunc {
-	body := orderJSON
-	if large {
-		body = largeBody
-	}
+func echoHandler(hd handler) echo.HandlerFunc {
+	body := hd.body()
 	return func(c echo.Context) error {
 		io.Copy(io.Discard, c.Request().Body)
+		if hd.tx != nil {
+			if err := hd.tx(c.Request().Context()); err != nil {
+				return c.String(http.StatusInternalServerError, err.Error())
+			}
+		}
 		h := c.Response().Header()
 		h.Set("Location", location)
 		h.Set("X-Request-Id", requestID)
@@ -101,15 +133,15 @@ func echoHandler(large bool) echo.HandlerFunc {
 // middleware (m != nil) or without it (m == nil, the "bare" stack).
 type adapter struct {
 	name  string
-	mount func(m *idem.Middleware, large bool) http.Handler
+	mount func(m *idem.Middleware, hd handler) http.Handler
 	// route is the route the adapter hands to Middleware.Serve.
 	route string
 }
 
 var adapters = []adapter{
-	{"nethttp", func(m *idem.Middleware, large bool) http.Handler {
+	{"nethttp", func(m *idem.Middleware, hd handler) http.Handler {
 		mux := http.NewServeMux()
-		h := stdHandler(large)
+		h := stdHandler(hd)
 		if m != nil {
 			h = nethttp.Middleware(m)(h)
 		}
@@ -117,54 +149,89 @@ var adapters = []adapter{
 		mux.Handle("GET /orders", h)
 		return mux
 	}, "POST /orders"},
-	{"gin", func(m *idem.Middleware, large bool) http.Handler {
+	{"gin", func(m *idem.Middleware, hd handler) http.Handler {
 		r := gin.New()
-		hs := []gin.HandlerFunc{ginHandler(large)}
+		hs := []gin.HandlerFunc{ginHandler(hd)}
 		if m != nil {
-			hs = []gin.HandlerFunc{ginidem.Middleware(m), ginHandler(large)}
+			hs = []gin.HandlerFunc{ginidem.Middleware(m), ginHandler(hd)}
 		}
 		r.POST("/orders", hs...)
 		r.GET("/orders", hs...)
 		return r
 	}, "/orders"},
-	{"echo", func(m *idem.Middleware, large bool) http.Handler {
+	{"echo", func(m *idem.Middleware, hd handler) http.Handler {
 		e := echo.New()
 		var mw []echo.MiddlewareFunc
 		if m != nil {
 			mw = append(mw, echoidem.Middleware(m))
 		}
-		e.POST("/orders", echoHandler(large), mw...)
-		e.GET("/orders", echoHandler(large), mw...)
+		e.POST("/orders", echoHandler(hd), mw...)
+		e.GET("/orders", echoHandler(hd), mw...)
 		return e
 	}, "/orders"},
 }
 
-// store is a store to measure, with its Redis client when it has one.
+// store is a store to measure, with its client when it has one.
 type store struct {
 	storage.Store
-	mem     *memstore.Store // nil for the Redis store
-	rdb     *redis.Client   // nil for the memory store
+	mem *memstore.Store // the memory store, else nil
+
+	rdb     *redis.Client // the Redis store's client, else nil
 	counter *redistest.CommandCounter
 	prefix  string // of the Redis keys
+
+	pg        *pgstore.Store // the PostgreSQL store, else nil
+	pool      *pgxpool.Pool  // its pool
+	pgCounter *pgtest.Counter
+	table     string // its table, as SQL
 }
 
-// trim deletes the Redis store's keys; it does nothing for the memory
-// store.
+// resetCount sets the count of round trips to the store's server to zero.
+func (s store) resetCount() {
+	switch {
+	case s.counter != nil:
+		s.counter.Reset()
+	case s.pgCounter != nil:
+		s.pgCounter.Reset()
+	}
+}
+
+// roundTrips returns the round trips to the store's server since the last
+// resetCount; always 0 for the memory store.
+func (s store) roundTrips() int64 {
+	switch {
+	case s.counter != nil:
+		return s.counter.Count()
+	case s.pgCounter != nil:
+		return s.pgCounter.RoundTrips()
+	}
+	return 0
+}
+
+// trim deletes what the Redis or PostgreSQL store holds; it does nothing
+// for the memory store, which bounds itself.
 func (s store) trim(tb testing.TB) {
-	if s.rdb == nil {
-		return
-	}
 	ctx := context.Background()
-	var keys []string
-	iter := s.rdb.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		tb.Fatal(err)
-	}
-	if len(keys) > 0 {
-		if err := s.rdb.Unlink(ctx, keys...).Err(); err != nil {
+	switch {
+	case s.rdb != nil:
+		var keys []string
+		iter := s.rdb.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			tb.Fatal(err)
+		}
+		if len(keys) > 0 {
+			if err := s.rdb.Unlink(ctx, keys...).Err(); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	case s.pool != nil:
+		// TRUNCATE frees the rows and their TOASTed records at once, where
+		// a DELETE would leave them to autovacuum, which might run during a
+		// measurement.
+		if _, err := s.pool.Exec(ctx, "TRUNCATE "+s.table); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -180,7 +247,8 @@ type storeKind struct {
 // largeKept is how many 1 MiB records a store keeps at most during the
 // large case: the memory store is bounded to that many entries (it evicts
 // the oldest record as a full store does), and the keys of a Redis store
-// are deleted each time that many were written, outside the measurement.
+// or the rows of a PostgreSQL store are deleted each time that many were
+// written, outside the measurement.
 const largeKept = 64
 
 var storeKinds = []storeKind{
@@ -209,6 +277,39 @@ var storeKinds = []storeKind{
 		prefix := "bench:" + rand.Text()[:8] + ":"
 		return store{Store: redisstore.New(rdb, redisstore.WithPrefix(prefix)), rdb: rdb, counter: c, prefix: prefix}
 	}},
+	// PostgreSQL: a table of the setup's own on the test binary's server
+	// (see internal/pgtest: skipped without PostgreSQL, unless
+	// IDEM_REQUIRE_PG=1), through a pool with pgx's defaults.
+	{"postgres", func(tb testing.TB, large bool) store {
+		c := new(pgtest.Counter)
+		pool := pgtest.Pool(tb, c.Configure, func(cfg *pgxpool.Config) {
+			// pgx pings a connection acquired after a second idle: never
+			// in a measurement loop, but after a pause (a slow test
+			// machine, the trimming) a ping would be a round trip counted
+			// against the request that follows.
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		})
+		table := pgtest.Table(tb, pool)
+		s, err := pgstore.New(pool, pgstore.WithTable(table))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { s.Close() })
+		if err := s.CreateTable(context.Background()); err != nil {
+			tb.Fatal(err)
+		}
+		return store{Store: s, pg: s, pool: pool, pgCounter: c, table: pgx.Identifier{table}.Sanitize()}
+	}},
+}
+
+// storeKindNamed returns the store kind of that name.
+func storeKindNamed(name string) storeKind {
+	for _, sk := range storeKinds {
+		if sk.name == name {
+			return sk
+		}
+	}
+	panic("no store kind " + name)
 }
 
 // discard is the cheapest ResponseWriter that still behaves like one: it
@@ -293,13 +394,20 @@ type setup struct {
 	h, bare http.Handler
 }
 
+// newSetup opens a store of kind sk and mounts a on it; large selects the
+// handlers that answer 1 MiB.
 func newSetup(tb testing.TB, a adapter, sk storeKind, large bool) *setup {
-	s := &setup{adapter: a, store: sk.open(tb, large)}
+	return newSetupOn(tb, a, sk.open(tb, large), handler{large: large})
+}
+
+// newSetupOn mounts a's stacks with hd's handlers on st.
+func newSetupOn(tb testing.TB, a adapter, st store, hd handler) *setup {
+	s := &setup{adapter: a, store: st}
 	var err error
-	if s.m, err = idem.New(s.store.Store); err != nil { // the store itself, with its optional interfaces
+	if s.m, err = idem.New(st.Store); err != nil { // the store itself, with its optional interfaces
 		tb.Fatal(err)
 	}
-	s.h, s.bare = a.mount(s.m, large), a.mount(nil, large)
+	s.h, s.bare = a.mount(s.m, hd), a.mount(nil, hd)
 	return s
 }
 
