@@ -6,8 +6,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -416,4 +419,220 @@ func (s *server) signal(t testing.TB, sig syscall.Signal) {
 	if err := syscall.Kill(s.pid, sig); err != nil {
 		t.Fatalf("%v to idemserver %d: %v", sig, s.pid, err)
 	}
+}
+
+// TestPGRestartFailsClosed: under load on three processes, their
+// PostgreSQL crashes (an immediate shutdown: every connection breaks) and
+// is restarted on the same port after at least 1.5 s and 100 answers.
+// While it is down, every request gets 503 with Retry-After and no order
+// is committed; the processes recover without a restart; no key gets a
+// second order; every duplicate ends with its execution's response,
+// replayed byte for byte (or, for an execution whose COMMIT was made
+// durable as the server died but never acknowledged, the response
+// rebuilt from its order); and every key asked again after the restart is
+// replayed. The outage is shorter than two thirds of the lease, the least
+// a lease has left between two renewals, so an execution that finished
+// while the database was down gets its record stored by the middleware's
+// retries once it is back.
+func TestPGRestartFailsClosed(t *testing.T) {
+	const (
+		lease      = 6 * time.Second
+		minOutage  = 1500 * time.Millisecond
+		minAnswers = 100 // to see during the outage before it ends
+		progress   = 200 // keys done before and after it
+	)
+	// IDEM_E2E_PG_SETTINGS tests the test: "synchronous_commit=off"
+	// acknowledges commits that the crash may then lose.
+	settings := strings.Fields(os.Getenv("IDEM_E2E_PG_SETTINGS"))
+	if len(settings) > 0 {
+		t.Logf("IDEM_E2E_PG_SETTINGS: %v", settings)
+	}
+	db := pgtest.StartProc(t, settings...)
+	env := newPG(t, db.DSN())
+	ctx := deadline(t, 3*time.Minute)
+	srvs := startServers(t, 3, env.flags("-lease", lease.String(), "-delay", "2ms", "-rebuild")...)
+	c := newClient(t)
+	l := newLoad(c, srvs, loadConfig{prefix: "pg-outage-", dups: 5, workers: 48,
+		backoff: 100 * time.Millisecond, maxAttempts: 2000})
+	l.start(t, ctx, 1_000_000)
+	begin := time.Now()
+	advance := func(what string) {
+		t.Helper()
+		mark := l.finished.Load()
+		waitFor(t, ctx, fmt.Sprintf("%d keys done %s", progress, what), func() bool { return l.finished.Load() >= mark+progress })
+	}
+
+	advance("before the crash")
+	down := outage{name: "down"}
+	db.Crash()
+	down.start = time.Now()
+	mark := l.answered.Load()
+	waitFor(t, ctx, "answers while PostgreSQL is down", func() bool {
+		return l.answered.Load() >= mark+minAnswers && time.Since(down.start) >= minOutage
+	})
+	down.end = time.Now()
+	db.Restart()
+	down.back = time.Now()
+	advance("after the restart")
+	l.stopFeeding()
+	l.wait(t, ctx)
+	elapsed := time.Since(begin)
+
+	replies := l.snapshot()
+	execs := env.executions(t, ctx, l.keys)
+	rids := map[string]bool{} // of requests whose order committed
+	for _, ex := range execs {
+		for _, e := range ex {
+			rids[e.rid] = true
+		}
+	}
+
+	// Every answer is 201, or a 409 or 503 with Retry-After. A refusal
+	// committed nothing, but for a request under way at the crash whose
+	// COMMIT became durable without its answer: its handler saw an error
+	// and answered 503.
+	bad := failures{t: t}
+	var ambiguous []string
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			bad.add("%v", r)
+		case r.status == http.StatusCreated:
+		case r.status == http.StatusConflict || r.status == http.StatusServiceUnavailable:
+			if err := checkRetryAfter(r, lease); err != nil {
+				bad.add("%v", err)
+			}
+			switch {
+			case !rids[r.rid]:
+			case r.status == http.StatusServiceUnavailable && r.sent.Before(down.start) && !r.recv.Before(down.start):
+				ambiguous = append(ambiguous, r.key)
+			default:
+				bad.add("refused, but its order committed: %v", r)
+			}
+		default:
+			bad.add("unexpected answer %v", r)
+		}
+	}
+	bad.report("answers")
+
+	// Fail closed: what was sent and answered while the database was down
+	// is a 503, never an order.
+	closed := failures{t: t}
+	var n, refused int
+	for _, r := range replies {
+		if down.inside(r) {
+			n++
+			if r.status == http.StatusServiceUnavailable {
+				refused++
+			} else {
+				closed.add("answered while PostgreSQL was down: %v", r)
+			}
+		}
+	}
+	closed.report("while PostgreSQL was down")
+	if n < 10 {
+		t.Errorf("only %d requests sent and answered while PostgreSQL was down: the outage was not exercised", n)
+	}
+	// Recovery: from the server accepting connections again to the first
+	// request sent afterwards that succeeded, and to the last 503.
+	var firstOK, last503 time.Duration = -1, 0
+	for _, r := range replies {
+		if r.sent.Before(down.back) {
+			continue
+		}
+		if d := r.recv.Sub(down.back); r.status == http.StatusCreated && (firstOK < 0 || d < firstOK) {
+			firstOK = d
+		}
+		if d := r.recv.Sub(down.back); r.status == http.StatusServiceUnavailable && d > last503 {
+			last503 = d
+		}
+	}
+	if firstOK < 0 {
+		t.Error("no request succeeded after the restart")
+	}
+
+	// One order per key; every duplicate's final answer is the response
+	// of that order's execution: its own answer, or a replay of it byte
+	// for byte.
+	once := failures{t: t}
+	answer := map[string]*reply{} // per key, the answer that made or replayed its order's response
+	var executed int
+	for _, key := range l.keys {
+		ex := execs[key]
+		executed += len(ex)
+		if len(ex) != 1 {
+			once.add("%s: %d orders, want 1: %v", key, len(ex), ex)
+			continue
+		}
+		finals := l.finals[key]
+		if len(finals) != l.cfg.dups {
+			once.add("%s: %d final answers, want %d", key, len(finals), l.cfg.dups)
+			continue
+		}
+		var orig *reply // the executed answer, when one reached its client
+		for _, r := range finals {
+			switch {
+			case r.status != http.StatusCreated:
+				once.add("%s: final answer %v", key, r)
+			case r.exec != ex[0].id():
+				once.add("%s: answer %v is not from the order's execution %v", key, r, ex[0])
+			case r.replayed:
+			case r.rid != ex[0].rid || orig != nil:
+				once.add("%s: answer %v executed, but the order is of %v", key, r, ex[0])
+			default:
+				orig = r
+			}
+		}
+		ref := orig
+		if ref == nil {
+			ref = finals[0] // rebuilt: the execution's answer never reached its client
+		}
+		for _, r := range finals {
+			if !r.sameResponse(ref) {
+				once.add("%s: answer %v differs from %v", key, r, ref)
+			}
+		}
+		answer[key] = ref
+	}
+	once.report("orders")
+
+	// The records survived the restart: every key, asked once more,
+	// replays its answer and commits nothing.
+	sweep := make([]*reply, len(l.keys))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 32 {
+		wg.Go(func() {
+			for i := range next {
+				sweep[i] = c.post(ctx, srvs, i%len(srvs), l.keys[i], l.keys[i]+"/sweep", false)
+			}
+		})
+	}
+	for i := range l.keys {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	after := env.executions(t, ctx, l.keys)
+	kept := failures{t: t}
+	for i, key := range l.keys {
+		if r, a := sweep[i], answer[key]; a != nil && (r.err != nil || !r.replayed || !r.sameResponse(a)) {
+			kept.add("%s: asked again after the restart: %v, want a replay of %v", key, r, a)
+		}
+		if len(after[key]) != len(execs[key]) {
+			kept.add("%s: asked again, ordered again: %v", key, after[key])
+		}
+	}
+	kept.report("records after the restart")
+	states := env.states(t, ctx)
+	if states["processing"] != 0 || states["done"]+states["committed"] != len(l.keys) || states["committed"] > len(ambiguous) {
+		t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
+	}
+
+	figure(t, "lease %v, 3 processes, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, %d answered 503; "+
+		"PostgreSQL down (immediate shutdown, restart) for %v: %d requests sent and answered meanwhile, %d of them 503 with Retry-After; "+
+		"after the restart: first success %v, last 503 %v; %d orders, one per key (%d committed as the server died, answered 503, "+
+		"then rebuilt); %d keys asked again: all replayed",
+		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
+		ms(down.end.Sub(down.start)), n, refused, ms(firstOK), ms(last503), executed, len(ambiguous), len(l.keys))
 }

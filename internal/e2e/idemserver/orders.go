@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/jackc/pgx/v5"
@@ -201,9 +202,15 @@ func (o *orders) rebuild(w http.ResponseWriter, r *http.Request) bool {
 	info, _ := idem.FromContext(r.Context())
 	ord := order{Key: info.Key, Protected: true}
 	err := o.pool.QueryRow(r.Context(), o.lookup, info.Key).Scan(&ord.ID, &ord.Exec, &ord.PID, &ord.Seq, &ord.RID, &ord.Owner, &ord.AtNanos)
-	if err != nil {
-		log.Printf("rebuild %s: %v", info.Key, err)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		log.Printf("rebuild %s: no order", info.Key)
 		return false
+	case err != nil:
+		// The database failed: not the order's answer, and not a replay.
+		w.Header().Del(response.ReplayedHeader)
+		unavailable(w, "rebuild", err)
+		return true
 	}
 	o.write(w, ord)
 	return true
