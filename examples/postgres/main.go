@@ -37,9 +37,10 @@
 //     transaction rolls back, and the execution that holds the key creates
 //     the order.
 //   - The process dies after COMMIT and before its response is stored: the
-//     entry stays committed, and a retry never runs the handler again. At
-//     the latest once the lease of the execution that died has run out
-//     (before, the retry may get 409, in progress), idem.WithRebuild
+//     entry stays committed, and a retry never runs the handler again.
+//     Once the lease of the execution that died has run out (before, a
+//     retry gets 409, in progress, as it could still store its response),
+//     idem.WithRebuild
 //     answers it from the orders table, instead of the 409 idem would
 //     answer otherwise ("completed, but its response was not stored"):
 //     each order row holds its request's idem.Info.StorageKey (a hash of

@@ -166,7 +166,9 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if o.fence {
 		if err := o.store.Fence(ctx, tx); errors.Is(err, storage.ErrNotOwner) {
 			log.Printf("fence refused %s (owner %.8s): %v", ord.Exec, ord.Owner, err)
+			// Another execution holds the key: a retry gets its answer.
 			w.Header().Set("X-Exec", ord.Exec)
+			w.Header().Set("Retry-After", "1")
 			http.Error(w, "lease lost: the order was not created", http.StatusConflict)
 			return
 		} else if err != nil {
