@@ -39,21 +39,7 @@ func TestExactlyOnceAcrossProcesses(t *testing.T) {
 
 	// Every answer is the handler's 201 (executed or replayed) or a 409
 	// with Retry-After; the store never failed.
-	bad := failures{t: t}
-	for _, r := range replies {
-		switch {
-		case r.err != nil:
-			bad.add("%v", r)
-		case r.status == http.StatusCreated:
-		case r.status == http.StatusConflict:
-			if err := checkRetryAfter(r, lease); err != nil {
-				bad.add("%v", err)
-			}
-		default:
-			bad.add("unexpected answer %v", r)
-		}
-	}
-	bad.report("answers")
+	checkAnswers(t, replies, lease)
 
 	// One execution per key, and every duplicate's final answer is that
 	// execution's response, byte for byte.
@@ -113,4 +99,25 @@ func checkOnce(t testing.TB, l *load, execs map[string][]execution) (once failur
 		}
 	}
 	return once, executed
+}
+
+// checkAnswers checks that every answer is the handler's 201 (executed or
+// replayed) or a 409 with Retry-After: the store never failed.
+func checkAnswers(t testing.TB, replies []*reply, lease time.Duration) {
+	t.Helper()
+	bad := failures{t: t}
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			bad.add("%v", r)
+		case r.status == http.StatusCreated:
+		case r.status == http.StatusConflict:
+			if err := checkRetryAfter(r, lease); err != nil {
+				bad.add("%v", err)
+			}
+		default:
+			bad.add("unexpected answer %v", r)
+		}
+	}
+	bad.report("answers")
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -23,6 +24,57 @@ type outage struct {
 
 // inside reports whether r was sent and answered during the outage.
 func (o outage) inside(r *reply) bool { return !r.sent.Before(o.start) && r.recv.Before(o.end) }
+
+// outcome is what the clients saw of an outage.
+type outcome struct {
+	n, refused int             // requests sent and answered during it; of them, 503s
+	wait       []time.Duration // to each 503 sent during it
+	// From the store answering again (back): to the first request sent
+	// afterwards that succeeded, and to the last that got a 503 (until the
+	// next outage).
+	firstOK, last503 time.Duration
+}
+
+// check checks that the store failed closed during o (what says how:
+// "Redis was stopped"): every request sent and answered meanwhile got a
+// 503, never an execution; that enough were, for the outage to be
+// exercised; and that a request sent afterwards succeeded. It returns
+// what the clients saw.
+func (o outage) check(t testing.TB, replies []*reply, what string) outcome {
+	t.Helper()
+	closed := failures{t: t}
+	oc := outcome{firstOK: -1}
+	for _, r := range replies {
+		if o.inside(r) {
+			oc.n++
+			if r.status == http.StatusServiceUnavailable {
+				oc.refused++
+			} else {
+				closed.add("answered while %s: %v", what, r)
+			}
+		}
+		if r.status == http.StatusServiceUnavailable && !r.sent.Before(o.start) && r.sent.Before(o.end) {
+			oc.wait = append(oc.wait, r.recv.Sub(r.sent))
+		}
+		if r.sent.Before(o.back) || !o.next.IsZero() && !r.sent.Before(o.next) {
+			continue
+		}
+		if d := r.recv.Sub(o.back); r.status == http.StatusCreated && (oc.firstOK < 0 || d < oc.firstOK) {
+			oc.firstOK = d
+		}
+		if d := r.recv.Sub(o.back); r.status == http.StatusServiceUnavailable && d > oc.last503 {
+			oc.last503 = d
+		}
+	}
+	closed.report("while " + what)
+	if oc.n < 10 {
+		t.Errorf("only %d requests sent and answered while %s: the outage was not exercised", oc.n, what)
+	}
+	if oc.firstOK < 0 {
+		t.Errorf("no request succeeded after %s", what)
+	}
+	return oc
+}
 
 // TestRedisOutageFailsClosed: under load on three processes, the store's
 // Redis is stalled (SIGSTOP, then SIGCONT), later killed and restarted on
@@ -129,47 +181,11 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 	// answer is a 503, never an execution.
 	stall.next = down.start
 	for _, o := range []*outage{&stall, &down} {
-		closed := failures{t: t}
-		var n, refused int
-		var wait []time.Duration // to each 503 sent during the outage
-		for _, r := range replies {
-			if o.inside(r) {
-				n++
-				if r.status == http.StatusServiceUnavailable {
-					refused++
-				} else {
-					closed.add("answered while Redis was %s: %v", o.name, r)
-				}
-			}
-			if r.status == http.StatusServiceUnavailable && !r.sent.Before(o.start) && r.sent.Before(o.end) {
-				wait = append(wait, r.recv.Sub(r.sent))
-			}
-		}
-		closed.report("while Redis was " + o.name)
-		if n < 10 {
-			t.Errorf("only %d requests sent and answered while Redis was %s: the outage was not exercised", n, o.name)
-		}
-		// Recovery: from Redis answering again to the first request sent
-		// afterwards that succeeded, and to the last that got a 503
-		// (until the next outage).
-		var firstOK, last503 time.Duration = -1, 0
-		for _, r := range replies {
-			if r.sent.Before(o.back) || !o.next.IsZero() && !r.sent.Before(o.next) {
-				continue
-			}
-			if d := r.recv.Sub(o.back); r.status == http.StatusCreated && (firstOK < 0 || d < firstOK) {
-				firstOK = d
-			}
-			if d := r.recv.Sub(o.back); r.status == http.StatusServiceUnavailable && d > last503 {
-				last503 = d
-			}
-		}
-		if firstOK < 0 {
-			t.Errorf("no request succeeded after Redis was %s", o.name)
-		}
+		oc := o.check(t, replies, "Redis was "+o.name)
 		figure(t, "Redis %s for %v: %d requests sent and answered meanwhile, %d of them 503 with Retry-After; "+
 			"%d 503s to requests sent meanwhile, waited p50 %v, max %v; after it was back: first success %v, last 503 %v",
-			o.name, ms(o.end.Sub(o.start)), n, refused, len(wait), ms(quantile(wait, 0.5)), ms(quantile(wait, 1)), ms(firstOK), ms(last503))
+			o.name, ms(o.end.Sub(o.start)), oc.n, oc.refused, len(oc.wait), ms(quantile(oc.wait, 0.5)), ms(quantile(oc.wait, 1)),
+			ms(oc.firstOK), ms(oc.last503))
 	}
 
 	// Every key ran once; twice only after a completion that could not be
@@ -219,21 +235,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 
 	// Records survive the restart: every key, asked once more, replays
 	// its last execution and runs nothing.
-	sweep := make([]*reply, len(l.keys))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range 32 {
-		wg.Go(func() {
-			for i := range next {
-				sweep[i] = c.post(ctx, srvs, i%len(srvs), l.keys[i], l.keys[i]+"/sweep", false)
-			}
-		})
-	}
-	for i := range l.keys {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	sweep := askAgain(ctx, c, srvs, l.keys)
 	after := executions(t, ctx, counts, l.keys)
 	kept := failures{t: t}
 	for i, key := range l.keys {
@@ -284,4 +286,25 @@ func TestRedisRestartWithoutPersistenceForgets(t *testing.T) {
 	if n, err := countExecutions(ctx, counts, key); n != 2 || err != nil {
 		t.Fatalf("%d executions (%v), want 2", n, err)
 	}
+}
+
+// askAgain sends every key once more, 32 at a time, spread over the
+// servers, and returns the answers in the order of keys.
+func askAgain(ctx context.Context, c *client, srvs []*server, keys []string) []*reply {
+	out := make([]*reply, len(keys))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 32 {
+		wg.Go(func() {
+			for i := range next {
+				out[i] = c.post(ctx, srvs, i%len(srvs), keys[i], keys[i]+"/again", false)
+			}
+		})
+	}
+	for i := range keys {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
 }

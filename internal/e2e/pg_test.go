@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -156,21 +155,7 @@ func TestPGExactlyOnceAcrossProcesses(t *testing.T) {
 	if int(l.started.Load()) != keys {
 		t.Fatalf("%d keys sent, want %d", l.started.Load(), keys)
 	}
-	bad := failures{t: t}
-	for _, r := range replies {
-		switch {
-		case r.err != nil:
-			bad.add("%v", r)
-		case r.status == http.StatusCreated:
-		case r.status == http.StatusConflict:
-			if err := checkRetryAfter(r, lease); err != nil {
-				bad.add("%v", err)
-			}
-		default:
-			bad.add("unexpected answer %v", r)
-		}
-	}
-	bad.report("answers")
+	checkAnswers(t, replies, lease)
 	once, executed := checkOnce(t, l, execs)
 	once.report("exactly once")
 	if st := env.states(t, ctx); st["done"] != keys || len(st) != 1 {
@@ -517,39 +502,7 @@ func TestPGRestartFailsClosed(t *testing.T) {
 
 	// Fail closed: what was sent and answered while the database was down
 	// is a 503, never an order.
-	closed := failures{t: t}
-	var n, refused int
-	for _, r := range replies {
-		if down.inside(r) {
-			n++
-			if r.status == http.StatusServiceUnavailable {
-				refused++
-			} else {
-				closed.add("answered while PostgreSQL was down: %v", r)
-			}
-		}
-	}
-	closed.report("while PostgreSQL was down")
-	if n < 10 {
-		t.Errorf("only %d requests sent and answered while PostgreSQL was down: the outage was not exercised", n)
-	}
-	// Recovery: from the server accepting connections again to the first
-	// request sent afterwards that succeeded, and to the last 503.
-	var firstOK, last503 time.Duration = -1, 0
-	for _, r := range replies {
-		if r.sent.Before(down.back) {
-			continue
-		}
-		if d := r.recv.Sub(down.back); r.status == http.StatusCreated && (firstOK < 0 || d < firstOK) {
-			firstOK = d
-		}
-		if d := r.recv.Sub(down.back); r.status == http.StatusServiceUnavailable && d > last503 {
-			last503 = d
-		}
-	}
-	if firstOK < 0 {
-		t.Error("no request succeeded after the restart")
-	}
+	oc := down.check(t, replies, "PostgreSQL was down")
 
 	// One order per key; every duplicate's final answer is the response
 	// of that order's execution: its own answer, or a replay of it byte
@@ -598,21 +551,7 @@ func TestPGRestartFailsClosed(t *testing.T) {
 
 	// The records survived the restart: every key, asked once more,
 	// replays its answer and commits nothing.
-	sweep := make([]*reply, len(l.keys))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range 32 {
-		wg.Go(func() {
-			for i := range next {
-				sweep[i] = c.post(ctx, srvs, i%len(srvs), l.keys[i], l.keys[i]+"/sweep", false)
-			}
-		})
-	}
-	for i := range l.keys {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	sweep := askAgain(ctx, c, srvs, l.keys)
 	after := env.executions(t, ctx, l.keys)
 	kept := failures{t: t}
 	for i, key := range l.keys {
@@ -634,5 +573,5 @@ func TestPGRestartFailsClosed(t *testing.T) {
 		"after the restart: first success %v, last 503 %v; %d orders, one per key (%d committed as the server died, answered 503, "+
 		"then rebuilt); %d keys asked again: all replayed",
 		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
-		ms(down.end.Sub(down.start)), n, refused, ms(firstOK), ms(last503), executed, len(ambiguous), len(l.keys))
+		ms(down.end.Sub(down.start)), oc.n, oc.refused, ms(oc.firstOK), ms(oc.last503), executed, len(ambiguous), len(l.keys))
 }
