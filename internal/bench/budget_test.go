@@ -98,9 +98,10 @@ func allocsPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
 	return n
 }
 
-// bytesPerRequest returns the bytes one request of the case on s
-// allocates, averaged over runs.
-func bytesPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
+// perRequest returns the mean allocations and bytes of one request of the
+// case on s over runs, unrounded, measured as testing.AllocsPerRun does
+// (on one P, after a request that warms up).
+func perRequest(t *testing.T, s *setup, name string, runs int) (mallocs, bytes float64) {
 	t.Helper()
 	send, ok := caseNamed(name).prepare(t, s)
 	if send(); !ok() {
@@ -116,7 +117,23 @@ func bytesPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
 	if !ok() {
 		t.Fatalf("%s: unexpected answer", name)
 	}
-	return float64(after.TotalAlloc-before.TotalAlloc) / float64(runs)
+	return float64(after.Mallocs-before.Mallocs) / float64(runs), float64(after.TotalAlloc-before.TotalAlloc) / float64(runs)
+}
+
+// bytesPerRequest returns the bytes one request of the case on s
+// allocates, averaged over runs.
+func bytesPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
+	t.Helper()
+	_, b := perRequest(t, s, name, runs)
+	return b
+}
+
+// mallocsPerRequest returns the allocations of one request of the case on
+// s, averaged over runs.
+func mallocsPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
+	t.Helper()
+	m, _ := perRequest(t, s, name, runs)
+	return m
 }
 
 func TestAllocationBudget(t *testing.T) {

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"math"
-	"runtime"
 	"testing"
 
 	"github.com/idemkit/idem/internal/pgtest"
@@ -190,26 +189,4 @@ func BenchmarkFence(b *testing.B) {
 			}
 		})
 	}
-}
-
-// mallocsPerRequest returns the mean allocations of one request of the case
-// on s over runs, unrounded, measured as testing.AllocsPerRun does (on one
-// P, after a request that warms up).
-func mallocsPerRequest(t *testing.T, s *setup, name string, runs int) float64 {
-	t.Helper()
-	send, ok := caseNamed(name).prepare(t, s)
-	if send(); !ok() {
-		t.Fatalf("%s: unexpected answer", name)
-	}
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range runs {
-		send()
-	}
-	runtime.ReadMemStats(&after)
-	if !ok() {
-		t.Fatalf("%s: unexpected answer", name)
-	}
-	return float64(after.Mallocs-before.Mallocs) / float64(runs)
 }
