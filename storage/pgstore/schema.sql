@@ -21,7 +21,9 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     expires     timestamptz NOT NULL,
     -- committed: the end of the lease of the execution that committed. Until
     -- then it may still store its response, and the entry is in flight;
-    -- after it, the response is taken as lost. NULL otherwise.
+    -- after it, the response is taken as lost. NULL otherwise. (A table
+    -- made by a development version before this column gets it with
+    -- ALTER TABLE idem_keys ADD COLUMN held_until timestamptz.)
     held_until  timestamptz,
     -- done: the encoded response; NULL otherwise.
     record      bytea,
