@@ -269,7 +269,9 @@ func TestFenceLeaseLost(t *testing.T) {
 // fence, an Acquire of the key by another owner waits for it to end; then
 // it finds the entry committed (commit) or as it was (rollback): in flight
 // while the lease runs, and once it has run out during the wait, done and
-// not replayable (commit) or free (rollback).
+// not replayable (commit) or free (rollback). The process dies as the
+// transaction ends, so that what the Acquire reads is the transaction's
+// doing, not the middleware's Complete, which would otherwise race it.
 func TestFenceHoldsAcquire(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -308,7 +310,14 @@ func TestFenceHoldsAcquire(t *testing.T) {
 						t.Errorf("Acquire answered %v while the fence's transaction was open", res.State)
 					default:
 					}
-				}, c.end)
+				}, func(tx pgx.Tx) error {
+					// The process dies as the transaction ends: no
+					// Complete or Release of the middleware's can reach
+					// the entry before the waiting Acquire reads it.
+					err := c.end(tx)
+					a.store.died.Store(true)
+					return err
+				})
 			})
 			if w.Code != http.StatusCreated {
 				t.Fatalf("the handler: %d %q", w.Code, w.Body)
