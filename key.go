@@ -45,13 +45,8 @@ func parseKey(v string) (string, error) {
 		return "", errKeyEmpty
 	}
 	if v[0] != '"' {
-		if len(v) > MaxKeyLen {
-			return "", errKeyLong
-		}
-		for i := 0; i < len(v); i++ {
-			if v[i] < 0x20 || v[i] > 0x7e {
-				return "", errKeyChar
-			}
+		if err := checkBareKey(v); err != nil {
+			return "", err
 		}
 		return v, nil
 	}
@@ -93,6 +88,23 @@ func parseKey(v string) (string, error) {
 		b = append(b, inner[i])
 	}
 	return string(b), nil
+}
+
+// checkBareKey checks a key taken as it stands: 1 to MaxKeyLen bytes of
+// printable ASCII.
+func checkBareKey(v string) error {
+	switch {
+	case len(v) == 0:
+		return errKeyEmpty
+	case len(v) > MaxKeyLen:
+		return errKeyLong
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] > 0x7e {
+			return errKeyChar
+		}
+	}
+	return nil
 }
 
 // headerKey reads the key header of r. It reports ok=false when the header

@@ -84,6 +84,10 @@ func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, route string,
 		next(w, r, nil)
 		return
 	}
+	if m.cfg.keySource != nil {
+		m.serveSourced(w, r, route, next)
+		return
+	}
 	key, present, err := headerKey(r.Header, m.cfg.header)
 	if !present && !m.cfg.requireKey {
 		next(w, r, nil)
@@ -102,16 +106,43 @@ func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, route string,
 		return
 	}
 	x.key = key
-	body, kerr := readBody(w, r, m.cfg.maxReq)
+	if x.readBody() {
+		x.run(next)
+	}
+}
+
+// serveSourced serves a request whose key comes from the KeySource
+// (WithKey): the body first, then the key.
+func (m *Middleware) serveSourced(w http.ResponseWriter, r *http.Request, route string, next Next) {
+	x := exchange{m: m, w: w, r: r, route: route}
+	if m.cfg.observer != nil {
+		x.start = time.Now()
+	}
+	if !x.readBody() {
+		return
+	}
+	key, kerr := sourceKey(m.cfg.keySource, r, x.body)
 	if kerr != nil {
-		if errors.Is(kerr, ErrBodyTooLarge) {
-			w.Header().Set("Connection", "close")
-		}
 		x.refuse(Rejected, kerr)
 		return
 	}
-	x.body = body
+	x.key = key
 	x.run(next)
+}
+
+// readBody reads the request's body into x.body, or refuses the request
+// and reports false.
+func (x *exchange) readBody() bool {
+	body, kerr := readBody(x.w, x.r, x.m.cfg.maxReq)
+	if kerr != nil {
+		if errors.Is(kerr, ErrBodyTooLarge) {
+			x.w.Header().Set("Connection", "close")
+		}
+		x.refuse(Rejected, kerr)
+		return false
+	}
+	x.body = body
+	return true
 }
 
 // Shutdown waits until every execution the middleware started has ended:

@@ -30,6 +30,8 @@ type config struct {
 	scope       func(*http.Request) string
 	fingerprint func(r *http.Request, body []byte) string
 	noFP        bool
+	fpSet       bool // WithFingerprint or WithoutFingerprint was given
+	keySource   KeySource
 	maxReq      int64
 	maxResp     int
 	cacheable   func(status int) bool
@@ -168,13 +170,13 @@ func AuthorizationScope(r *http.Request) string { return r.Header.Get("Authoriza
 // request and its complete body and returns the identifying data, which is
 // hashed. A retry whose data differs from the first request's gets 422
 // (ErrMismatch). The default covers method, path, query, Content-Type and
-// body. A nil function is invalid.
+// body (none with WithKey). A nil function is invalid.
 func WithFingerprint(fn func(r *http.Request, body []byte) string) Option {
 	return func(c *config) error {
 		if fn == nil {
 			return invalid("WithFingerprint(nil)")
 		}
-		c.fingerprint, c.noFP = fn, false
+		c.fingerprint, c.noFP, c.fpSet = fn, false, true
 		return nil
 	}
 }
@@ -183,7 +185,7 @@ func WithFingerprint(fn func(r *http.Request, body []byte) string) Option {
 // known key gets the stored response. The body is still read first and
 // bounded by WithMaxRequestBody.
 func WithoutFingerprint() Option {
-	return func(c *config) error { c.fingerprint, c.noFP = nil, true; return nil }
+	return func(c *config) error { c.fingerprint, c.noFP, c.fpSet = nil, true, true; return nil }
 }
 
 // WithMaxRequestBody bounds the request body, which is read in full before
