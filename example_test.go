@@ -110,3 +110,40 @@ func ExampleWithObserver() {
 	// event: POST /orders/{id}/pay mismatch 422
 	// 422 replayed="" application/problem+json
 }
+
+func ExampleWithKey() {
+	store := memstore.New()
+	defer store.Close()
+	// A payment provider's event carries its id in the JSON body, and the
+	// provider delivers it again until it gets a 2xx. (Verify its signature
+	// before the middleware.)
+	m, err := idem.New(store, idem.WithKey(idem.KeyFromJSON("id")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	captured := 0
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		captured++
+		info, _ := idem.FromContext(r.Context())
+		fmt.Fprintf(w, "event %s handled", info.Key)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	deliver := func(body string) {
+		res, err := http.Post(srv.URL, "application/json", strings.NewReader(body))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		fmt.Printf("%d replayed=%q %s\n", res.StatusCode, res.Header.Get("Idempotent-Replayed"), b)
+	}
+	deliver(`{"id":"evt_1","attempt":1}`)
+	deliver(`{"id":"evt_1","attempt":2}`) // redelivered: no second capture
+	fmt.Println("captured:", captured)
+	// Output:
+	// 200 replayed="" event evt_1 handled
+	// 200 replayed="true" event evt_1 handled
+	// captured: 1
+}
