@@ -17,20 +17,36 @@
 // then Middleware.Shutdown, must store every record before it exits, and
 // the same test must fail with a shutdown that does not wait.
 //
+// pg_test.go runs the same servers on PostgreSQL (idemserver -pg, a
+// private server from internal/pgtest): the handler commits an order row
+// and idem's fence in one transaction, and the tests count order rows per
+// key, with three processes, a process killed after its commits, one
+// stopped past its leases, and the database crashed under load.
+//
 // The tests and what they prove are listed in docs/guarantees.md, with the
 // figures of the last run. They need redis-server on PATH (they skip
-// without it, or fail when IDEM_REQUIRE_REDIS=1) and the go command, to
+// without it, or fail when IDEM_REQUIRE_REDIS=1), PostgreSQL's server
+// binaries for pg_test.go (see internal/pgtest; IDEM_REQUIRE_PG=1) and the
+// go command, to
 // build the server once per test binary. Environment variables:
 //
-//	IDEM_E2E_KEYS=10000   keys of TestExactlyOnceAcrossProcesses (default 2000)
+//	IDEM_E2E_KEYS=10000   keys of TestExactlyOnceAcrossProcesses and
+//	                      TestPGExactlyOnceAcrossProcesses (default 2000)
 //	IDEM_E2E_DUPS=5       concurrent duplicates of each key (default 5)
 //	IDEM_E2E_WORKERS=64   requests in flight (default 64)
 //	IDEM_E2E_FIGURES=f    append the figures of the run to the file f
+//	IDEM_E2E_PG_SETTINGS="synchronous_commit=off"
+//	                      settings of the PostgreSQL of
+//	                      TestPGRestartFailsClosed, to test it: a server that
+//	                      loses acknowledged commits in a crash fails it
 //	IDEM_E2E_SERVER_FLAGS="-steal-leases"
 //	                      more flags for every idemserver: -steal-leases
 //	                      breaks the store on purpose, so that the tests
 //	                      fail; -record-twice sends every execution's
-//	                      record twice, which they must not notice
+//	                      record twice, which they must not notice;
+//	                      -no-fence commits the orders without the fence,
+//	                      which the PostgreSQL tests of a crash or a stale
+//	                      execution must notice
 //
 // A larger run:
 //

@@ -48,6 +48,11 @@
 // until POST /gate/open (or its client leaves); GET /gate/held answers the
 // number waiting. It is open at start.
 //
+// With -pg it runs on PostgreSQL instead: records in pgstore's table, and
+// POST /orders an order service whose order row and fence share one
+// transaction (see pgFlags in orders.go); -redis and -count-redis are then
+// unused.
+//
 // The Redis client uses redisstore.ClientOptions, the options recommended
 // for a request path (-redis-timeout, -redis-retries and -dialer-retries
 // change them). When it
