@@ -44,7 +44,12 @@ type KeySource func(r *http.Request, body []byte) (key string, err error)
 // delivery timestamp or a signature (a fingerprint of the body would turn
 // such a redelivery into a 422, which the provider retries forever).
 // Verify a callback's signature before the middleware, so that a forged
-// request cannot take an event's key. A nil src is invalid.
+// request cannot take an event's key. The scope stays WithScope's, by
+// default the Authorization header, which senders of callbacks rarely
+// send and may start or stop sending: give such a route
+// WithScope(func(*http.Request) string { return "stripe" }), a constant
+// per sender, so that a redelivery is always in the first's scope. A nil
+// src is invalid.
 func WithKey(src KeySource) Option {
 	return func(c *config) error {
 		if src == nil {
@@ -60,7 +65,7 @@ func WithKey(src KeySource) Option {
 
 // KeyFromHeader reads the key from the header name, as its value stands
 // (no RFC 8941 unquoting): GitHub's X-GitHub-Delivery, Shopify's
-// X-Shopify-Webhook-Id. A header sent more than once is an error.
+// X-Shopify-Event-Id. A header sent more than once is an error.
 func KeyFromHeader(name string) KeySource {
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request, _ []byte) (string, error) {
@@ -78,7 +83,9 @@ func KeyFromHeader(name string) KeySource {
 // application/x-www-form-urlencoded body, as an Alipay notification
 // carries notify_id, trade_no and trade_status: with one field, its value;
 // with several, their values joined by ":" in the order given (the key of
-// a payment's status change: KeyFromForm("trade_no", "trade_status")).
+// a payment's status change: KeyFromForm("trade_no", "trade_status")),
+// each with its "%" and ":" percent-encoded, so that two different sets
+// of values never join into the same key.
 // The request has no key when a field is absent or empty; a body of
 // another media type, a malformed body, or a field sent twice is an error.
 // It panics without fields.
@@ -102,13 +109,18 @@ func KeyFromForm(fields ...string) KeySource {
 				return "", fmt.Errorf("the form field %q was sent more than once", f)
 			case len(vs) == 0 || vs[0] == "":
 				return "", nil
+			case len(fields) == 1:
+				return vs[0], nil
 			default:
-				vals[i] = vs[0]
+				vals[i] = joinEscaper.Replace(vs[0])
 			}
 		}
 		return strings.Join(vals, ":"), nil
 	}
 }
+
+// joinEscaper encodes the values that KeyFromForm joins.
+var joinEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 
 // KeyFromJSON reads the key from a JSON body, at the path of object
 // members given (KeyFromJSON("id") for a Stripe event, KeyFromJSON("data",
