@@ -75,7 +75,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	<-ctx.Done()
 	stop()
-	if err := demo.Shutdown(srv, m, closeStore, 30*time.Second); err != nil {
+	if err := demo.Shutdown(srv, closeStore, 30*time.Second, m); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -154,7 +154,8 @@ func run(c config, out, logw io.Writer) error {
 	if c.demo {
 		client = func(base string) error { return s.demoClient(out, base) }
 	}
-	return demo.Serve(c.addr, "postgres, tables "+s.store.Table()+" and "+c.orders, h, m, closeStore, client)
+	return demo.Serve(c.addr, demo.App{Handler: h, Middlewares: []*idem.Middleware{m}, CloseStore: closeStore,
+		StoreName: "postgres, tables " + s.store.Table() + " and " + c.orders}, client)
 }
 
 // ordersSchema is the orders table, for fmt with the table's name (an SQL

@@ -110,7 +110,12 @@ func run(c config, out, logw io.Writer) error {
 	if c.demo {
 		client = func(base string) error { return script(out, base) }
 	}
-	return demo.Serve(c.addr, "postgres, tables "+c.table+" and "+c.payments, s.routes(m), m, closeStore, client)
+	return demo.Serve(c.addr, demo.App{Handler: s.routes(m), Middlewares: []*idem.Middleware{m}, CloseStore: closeStore,
+		StoreName: "postgres, tables " + c.table + " and " + c.payments,
+		Try: []string{
+			`curl -i -X POST http://%[1]s/payments -H 'Content-Type: application/json' -d '{"amount":1250}'`,
+			`curl -i -X POST http://%[1]s/payments/1/capture -H 'Idempotency-Key: capture-1'`,
+		}}, client)
 }
 
 // service is the payment service.

@@ -83,20 +83,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -169,33 +164,12 @@ func run(o options, out, logw io.Writer) error {
 		closeStore()
 		return err
 	}
-	addr := o.addr
+	var client func(base string) error
 	if o.demo {
-		addr = "127.0.0.1:0"
+		client = func(base string) error { return play(out, base, o.secrets, a.ledger, g) }
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		closeStore()
-		return err
-	}
-	srv := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-
-	var failed error
-	if o.demo {
-		failed = play(out, "http://"+ln.Addr().String(), o.secrets, a.ledger, g)
-	} else {
-		storeName := "memory"
-		if o.redis != "" {
-			storeName = "redis " + o.redis
-		}
-		log.Printf("receiving on http://%s (store: %s): POST /stripe, POST /alipay, POST /github", ln.Addr(), storeName)
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		<-ctx.Done()
-		stop()
-		log.Print("shutting down")
-	}
-	return errors.Join(failed, a.shutdown(srv, closeStore, 30*time.Second))
+	return demo.Serve(o.addr, demo.App{Handler: a, Middlewares: a.middlewares, CloseStore: closeStore, StoreName: demo.StoreName(o.redis),
+		Try: []string{"POST /stripe, POST /alipay, POST /github on http://%[1]s, signed (see -demo)"}}, client)
 }
 
 // config is what the receivers need besides their store.
@@ -284,22 +258,6 @@ func newApp(store storage.Store, c config, logw io.Writer) (*app, error) {
 // package comment).
 func providerScope(provider string) func(*http.Request) string {
 	return func(*http.Request) string { return "webhook:" + provider }
-}
-
-// shutdown stops the app within timeout: srv first, then every
-// middleware, then the store, with closeStore.
-func (a *app) shutdown(srv *http.Server, closeStore func(), timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	defer closeStore()
-	if err := srv.Shutdown(ctx); err != nil {
-		return fmt.Errorf("server shutdown: %w", err)
-	}
-	errs := make([]error, len(a.middlewares))
-	for i, m := range a.middlewares {
-		errs[i] = m.Shutdown(ctx)
-	}
-	return errors.Join(errs...)
 }
 
 // effect records the effect of the event idem runs the handler for, by the

@@ -79,57 +79,81 @@ func Main(newServer NewServer) {
 	if *demo {
 		client = func(base string) error { return Client(os.Stdout, base) }
 	}
-	if err := Serve(*addr, storeName(*redisAddr), h, m, closeStore, client); err != nil {
+	app := App{Handler: h, Middlewares: []*idem.Middleware{m}, CloseStore: closeStore, StoreName: StoreName(*redisAddr)}
+	if err := Serve(*addr, app, client); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// Serve serves h on addr until SIGINT or SIGTERM; or, when client is not
-// nil, on a free loopback port while client runs against it (base is
+// App is an example application, for [Serve].
+type App struct {
+	Handler     http.Handler
+	Middlewares []*idem.Middleware // shut down after the server, in order
+	CloseStore  func()             // called last, always
+	StoreName   string             // for the log: which store serves
+	// Try is what the log suggests to run once it listens, each line with
+	// %[1]s for the address; default, a curl of POST /orders.
+	Try []string
+}
+
+// defaultTry is App.Try's default.
+var defaultTry = []string{`curl -i -X POST http://%[1]s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{"item":"book","amount":12}'`}
+
+// Serve serves app on addr until SIGINT or SIGTERM; or, when client is
+// not nil, on a free loopback port while client runs against it (base is
 // "http://host:port"). Either way it then shuts down in the order a deploy
 // needs (see [Shutdown]): the server (no new request; the handlers
-// finish), then the middleware m (their records are stored), then the
-// store, with closeStore, which Serve always calls. storeName says in the
-// log which store serves. It returns the error of client, of the listener
-// or of the shutdown.
-func Serve(addr, storeName string, h http.Handler, m *idem.Middleware, closeStore func(), client func(base string) error) error {
+// finish), then the middlewares (their records are stored), then the
+// store, with app.CloseStore, which Serve always calls. It returns the
+// error of client, of the listener or of the shutdown.
+func Serve(addr string, app App, client func(base string) error) error {
 	if client != nil {
 		addr = "127.0.0.1:0"
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		closeStore()
+		app.CloseStore()
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: app.Handler, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 
 	var failed error
 	if client != nil {
 		failed = client("http://" + ln.Addr().String())
 	} else {
-		log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), storeName)
-		log.Printf("  curl -i -X POST http://%s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr())
+		try := app.Try
+		if try == nil {
+			try = defaultTry
+		}
+		log.Printf("listening on http://%s (store: %s); try:", ln.Addr(), app.StoreName)
+		for _, line := range try {
+			log.Printf("  "+line, ln.Addr())
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		<-ctx.Done()
 		stop()
 		log.Print("shutting down")
 	}
-	return errors.Join(failed, Shutdown(srv, m, closeStore, 30*time.Second))
+	return errors.Join(failed, Shutdown(srv, app.CloseStore, 30*time.Second, app.Middlewares...))
 }
 
 // Shutdown stops an application in the order a deploy needs, within
-// timeout: srv.Shutdown (no new request; the handlers return), then
-// m.Shutdown (their records are stored, background retries included), then
-// closeStore.
-func Shutdown(srv *http.Server, m *idem.Middleware, closeStore func(), timeout time.Duration) error {
+// timeout: srv.Shutdown (no new request; the handlers return), then each
+// middleware's Shutdown (their records are stored, background retries
+// included), then closeStore.
+func Shutdown(srv *http.Server, closeStore func(), timeout time.Duration, ms ...*idem.Middleware) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	defer closeStore()
 	if err := srv.Shutdown(ctx); err != nil {
 		return fmt.Errorf("server shutdown: %w", err)
 	}
-	return m.Shutdown(ctx)
+	errs := make([]error, len(ms))
+	for i, m := range ms {
+		errs[i] = m.Shutdown(ctx)
+	}
+	return errors.Join(errs...)
 }
 
 // OpenStore returns the in-memory store for an empty addr, else a Redis
@@ -145,7 +169,7 @@ func OpenStore(addr string) (storage.Store, func()) {
 	return redisstore.New(rdb), func() { rdb.Close() }
 }
 
-func storeName(addr string) string {
+func StoreName(addr string) string {
 	if addr == "" {
 		return "memory"
 	}
