@@ -169,6 +169,7 @@ func OpenStore(addr string) (storage.Store, func()) {
 	return redisstore.New(rdb), func() { rdb.Close() }
 }
 
+// StoreName says which store OpenStore(addr) opens, for a log.
 func StoreName(addr string) string {
 	if addr == "" {
 		return "memory"
