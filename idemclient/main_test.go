@@ -1,0 +1,12 @@
+package idemclient
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the run if a test leaves a goroutine behind: a
+// connection of a test server or client, or a wait that outlived its
+// request.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package idemclient
+
+const raceEnabled = false
