@@ -235,18 +235,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 
 	// Records survive the restart: every key, asked once more, replays
 	// its last execution and runs nothing.
-	sweep := askAgain(ctx, c, srvs, l.keys)
-	after := executions(t, ctx, counts, l.keys)
-	kept := failures{t: t}
-	for i, key := range l.keys {
-		if r, last := sweep[i], lastExec[key]; last != nil && (r.err != nil || !r.replayed || !r.sameResponse(last)) {
-			kept.add("%s: asked again after the outages: %v, want a replay of %v", key, r, last)
-		}
-		if len(after[key]) != len(execs[key]) {
-			kept.add("%s: asked again, executed again: %v", key, after[key])
-		}
-	}
-	kept.report("records after the restart")
+	checkAskedAgain(t, ctx, c, srvs, l.keys, lastExec, execs, func() map[string][]execution { return executions(t, ctx, counts, l.keys) })
 	checkTTLs(t, ctx, redisClient(t, store.Addr()), "idem:", lease, ttl)
 
 	figure(t, "lease %v, 3 processes, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, "+
@@ -286,6 +275,26 @@ func TestRedisRestartWithoutPersistenceForgets(t *testing.T) {
 	if n, err := countExecutions(ctx, counts, key); n != 2 || err != nil {
 		t.Fatalf("%d executions (%v), want 2", n, err)
 	}
+}
+
+// checkAskedAgain checks that the records survived an outage: every key,
+// asked once more, replays want[key] (when there is one) and runs nothing:
+// the executions that count reads afterwards are those of before.
+func checkAskedAgain(t testing.TB, ctx context.Context, c *client, srvs []*server, keys []string,
+	want map[string]*reply, before map[string][]execution, count func() map[string][]execution) {
+	t.Helper()
+	again := askAgain(ctx, c, srvs, keys)
+	after := count()
+	kept := failures{t: t}
+	for i, key := range keys {
+		if r, w := again[i], want[key]; w != nil && (r.err != nil || !r.replayed || !r.sameResponse(w)) {
+			kept.add("%s: asked again after the outage: %v, want a replay of %v", key, r, w)
+		}
+		if len(after[key]) != len(before[key]) {
+			kept.add("%s: asked again, executed again: %v", key, after[key])
+		}
+	}
+	kept.report("records after the outage")
 }
 
 // askAgain sends every key once more, 32 at a time, spread over the

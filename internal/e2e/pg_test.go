@@ -551,18 +551,7 @@ func TestPGRestartFailsClosed(t *testing.T) {
 
 	// The records survived the restart: every key, asked once more,
 	// replays its answer and commits nothing.
-	sweep := askAgain(ctx, c, srvs, l.keys)
-	after := env.executions(t, ctx, l.keys)
-	kept := failures{t: t}
-	for i, key := range l.keys {
-		if r, a := sweep[i], answer[key]; a != nil && (r.err != nil || !r.replayed || !r.sameResponse(a)) {
-			kept.add("%s: asked again after the restart: %v, want a replay of %v", key, r, a)
-		}
-		if len(after[key]) != len(execs[key]) {
-			kept.add("%s: asked again, ordered again: %v", key, after[key])
-		}
-	}
-	kept.report("records after the restart")
+	checkAskedAgain(t, ctx, c, srvs, l.keys, answer, execs, func() map[string][]execution { return env.executions(t, ctx, l.keys) })
 	states := env.states(t, ctx)
 	if states["processing"] != 0 || states["done"]+states["committed"] != len(l.keys) || states["committed"] > len(ambiguous) {
 		t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
