@@ -49,6 +49,10 @@ var (
 	// owner, a fingerprint longer than [MaxFingerprintLen], or a lease or TTL
 	// that is not positive. Nothing was changed.
 	ErrInvalid = errors.New("storage: invalid argument")
+
+	// ErrExists means [Issuer.Issue] found an entry, in any state, under
+	// the key it was to issue. Nothing was changed.
+	ErrExists = errors.New("storage: entry exists")
 )
 
 // MaxFingerprintLen is the longest fingerprint a Store must accept.
@@ -64,6 +68,10 @@ const (
 	InFlight
 	// Done means a completed entry exists; [Result.Record] holds it.
 	Done
+	// NotIssued means [Issuer.AcquireIssued] found no entry under the
+	// key: it was never issued, its issue expired, or it was used and
+	// its entry is gone. Nothing was created.
+	NotIssued
 )
 
 // String returns "acquired", "in flight", "done" or "State(n)".
@@ -75,6 +83,8 @@ func (s State) String() string {
 		return "in flight"
 	case Done:
 		return "done"
+	case NotIssued:
+		return "not issued"
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
@@ -135,11 +145,15 @@ type Store interface {
 	// Release deletes owner's processing entry so that a later Acquire
 	// starts afresh. A missing entry is not an error (a resend, or the lease
 	// ran out: either way nothing is held). An entry held by another owner,
-	// or a done entry, is left alone and ErrNotOwner is returned.
+	// or a done entry, is left alone and ErrNotOwner is returned. In a
+	// store that is an [Issuer], an entry that was issued goes back to
+	// the issued state instead of being deleted, and Release given an
+	// issued entry returns nil and changes nothing (a resend).
 	Release(ctx context.Context, key, owner string) error
 
 	// Extend renews owner's lease to lease from now. It returns ErrNotOwner
-	// when owner does not hold a processing entry for key, and ErrInvalid
+	// when owner does not hold a processing entry for key (an issued entry
+	// has no owner), and ErrInvalid
 	// for a lease <= 0.
 	Extend(ctx context.Context, key, owner string, lease time.Duration) error
 }
@@ -163,6 +177,47 @@ type RecordKeeper interface {
 	// an error, the store has kept no reference to record, which stays the
 	// caller's, as after Complete.
 	CompleteKeep(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
+}
+
+// Issuer is an optional interface of a [Store] that keeps server-issued
+// keys: keys the server hands out (with a form, say) and that a route then
+// accepts only once they exist. Every store of this module implements it;
+// the middleware's WithIssuedKeys needs it.
+//
+// An issued entry is a third state beside processing and done: a vacancy
+// that only AcquireIssued may take, kept for the TTL given to Issue.
+// Taking it is the key's first use, in the same single atomic call (and
+// round trip) that acquires the lease. From then on the entry behaves as
+// any other, except when it is released: an entry that came from an issue
+// goes back to the issued state for the issue's full TTL again, so the
+// key can be used again after a failed execution, instead of being
+// deleted. An entry whose lease runs out disappears as any other (the
+// process that held it died): its key is spent.
+//
+// storagetest runs the Issuer clauses when the store implements it.
+type Issuer interface {
+	Store
+
+	// Issue creates an issued entry for key, expiring after ttl. It
+	// returns ErrExists, changing nothing, when key has an entry in any
+	// state (issued, processing or done); ErrInvalid for an empty key or
+	// a ttl <= 0.
+	Issue(ctx context.Context, key string, ttl time.Duration) error
+
+	// AcquireIssued is [Store.Acquire] for a key that must have been
+	// issued:
+	//
+	//   - No entry (never issued, expired, or spent): the result is
+	//     NotIssued and nothing is created.
+	//   - An issued entry: it becomes a processing entry owned by owner,
+	//     remembering fingerprint, expiring after lease, and remembering
+	//     the issue's TTL for Release. The result is Acquired.
+	//   - A processing or done entry: exactly as Acquire (Acquired for the
+	//     same owner, InFlight, Done).
+	//
+	// Errors as Acquire. Acquire itself, given the key of an issued entry,
+	// takes it as AcquireIssued does.
+	AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (Result, error)
 }
 
 // CheckAcquire returns an error wrapping ErrInvalid when the arguments of
