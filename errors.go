@@ -71,6 +71,14 @@ var (
 	// only in [Event.Err]; the client is not told.
 	ErrLeaseLost = errors.New("idempotency lease lost")
 
+	// ErrKeyNotIssued: the middleware accepts issued keys only
+	// (WithIssuedKeys), and this key was not issued by
+	// [Middleware.IssueKey] to this client (the request's scope), or its
+	// issue expired unused, or it was used and its record has expired.
+	// Forged keys, other clients' keys and expired ones are not told
+	// apart. The handler did not run. Status 400.
+	ErrKeyNotIssued = errors.New("idempotency key not issued")
+
 	// ErrInvalidOption: an option given to New has an invalid value.
 	ErrInvalidOption = errors.New("idem: invalid option")
 )
@@ -140,6 +148,7 @@ var kinds = map[error]kind{
 	ErrStoreUnavailable: {"ErrStoreUnavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"},
 	ErrCorruptRecord:    {"ErrCorruptRecord", http.StatusInternalServerError, "Stored response unreadable"},
 	ErrCanceled:         {"ErrCanceled", http.StatusServiceUnavailable, "Request canceled"},
+	ErrKeyNotIssued:     {"ErrKeyNotIssued", http.StatusBadRequest, "Idempotency key not issued"},
 }
 
 // newError builds the refusal for kind k.

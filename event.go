@@ -30,7 +30,8 @@ const (
 	// 409.
 	NotReplayable
 	// Rejected: 400 or 413, the key or the body was refused before any
-	// store access. Err says why.
+	// store access, or the key was not issued (ErrKeyNotIssued, see
+	// WithIssuedKeys). Err says why.
 	Rejected
 	// StoreError: the store failed. Before the handler this means 503 (or
 	// 500 for a corrupt record); after it, the response was sent but could
@@ -79,12 +80,12 @@ func (o Outcome) String() string {
 type Event struct {
 	// Outcome is what was decided.
 	Outcome Outcome
-	// Method is the request's method.
+	// Method is the request's method; empty for [Middleware.Do].
 	Method string
 	// Route is the route pattern the record is scoped by, as every adapter
 	// reports it: "/orders/{id}" on net/http (the pattern without its
 	// method), "/orders/:id" on Gin and Echo; the URL path around a handler
-	// that is not a mux.
+	// that is not a mux; the operation for [Middleware.Do].
 	Route string
 	// Status is the status sent to the client: the handler's, a replay's,
 	// or the refusal's; 0 when the connection was hijacked or for
@@ -95,7 +96,8 @@ type Event struct {
 	// finish when there were some.
 	Duration time.Duration
 	// Err is nil for Executed, Replayed and Released after a normal
-	// return. Otherwise it wraps one of the package's Err values, the
+	// return (for [Middleware.Do], Released carries fn's error).
+	// Otherwise it wraps one of the package's Err values, the
 	// store's error for store failures, a *PanicError when the handler
 	// panicked, or the context's error for Canceled. Use errors.Is and
 	// errors.As.

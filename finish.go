@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
 
@@ -46,68 +45,76 @@ func (e *PanicError) Unwrap() error {
 	return err
 }
 
-// finish ends one execution. It holds what the store calls after the
-// handler and the event need, so that a background retry keeps no
-// reference to the request's exchange, whose buffers are reused.
+// finish ends one execution, of a request or of [Middleware.Do]. It holds
+// what the store calls after the handler and the event need, so that a
+// background retry keeps no reference to the request's exchange, whose
+// buffers are reused.
 type finish struct {
 	m           *Middleware
-	r           *http.Request // the request as the middleware got it
-	route       string        // as events report it
-	start       time.Time     // of the middleware, for Event.Duration
+	ctx         context.Context // the request's, or Do's
+	method      string          // the request's; "" for Do
+	route       string          // as events report it
+	start       time.Time       // of the middleware, for Event.Duration
 	skey, owner string
 }
 
-// end ends the execution whose handler has returned (perr nil) or
-// panicked. It stops the lease's renewals and stores the response or
-// releases the key.
+// end ends the execution of a request whose handler has returned (perr
+// nil) or panicked. It stops the lease's renewals and stores the response
+// or releases the key.
 func (f *finish) end(st *handlerState, cw *response.Capture, perr *PanicError) {
-	m := f.m
-	m.beats.stop(&st.beat)
-	outcome, cause := Released, error(nil)
-	switch ctx := f.r.Context(); {
+	f.m.beats.stop(&st.beat)
+	switch {
 	case perr != nil:
 		// Nothing is committed on the handler's behalf: the recovery
 		// middleware outside answers.
-		cause = perr
-	case !cw.Committed() && !cw.Hijacked() && ctx.Err() != nil:
+		f.release(st, Released, cw.Status(), perr)
+	case !cw.Committed() && !cw.Hijacked() && f.ctx.Err() != nil:
 		// The handler gave up on its request (the client went away, a
 		// deadline passed) and wrote nothing: taken as not done.
-		outcome, cause = Canceled, context.Cause(ctx)
 		cw.Finish()
+		f.release(st, Canceled, cw.Status(), context.Cause(f.ctx))
 	default:
 		cw.Finish()
-		if cw.Hijacked() || m.cfg.cacheable(cw.Status()) {
-			f.keep(st, cw)
+		if !cw.Hijacked() && !f.m.cfg.cacheable(cw.Status()) {
+			f.release(st, Released, cw.Status(), nil)
 			return
 		}
+		rec, whole := cw.Record()
+		f.keep(st, &rec, whole, cw.Status())
 	}
-	st.fin.start(f.r.Context(), m.cfg.lease)
+}
+
+// release releases the key of an execution that ended with outcome
+// (Released or Canceled) for cause (nil after a normal return), the
+// lease's renewals stopped; status is the one sent, for the event.
+func (f *finish) release(st *handlerState, outcome Outcome, status int, cause error) {
+	m := f.m
+	st.fin.start(f.ctx, m.cfg.lease)
 	err := m.store.Release(&st.fin, f.skey, f.owner)
 	st.fin.stop()
 	if retryable(err) {
 		// The closure takes copies: capturing f would move it to the heap
 		// for every execution, not only for those that retry.
 		skey, owner := f.skey, f.owner
-		f.later(outcome, cw.Status(), cause, err, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
+		f.later(outcome, status, cause, err, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
 		return
 	}
 	outcome, err = settled(outcome, cause, err)
-	f.emit(f.r.Context(), outcome, cw.Status(), err)
+	f.emit(f.ctx, outcome, status, err)
 }
 
-// keep stores the captured response: replayable, or, when it could not be
-// kept whole, as done but not replayable.
-func (f *finish) keep(st *handlerState, cw *response.Capture) {
-	rec, ok := cw.Record()
-	status := cw.Status()
+// keep stores rec, the result of an execution whose lease's renewals have
+// stopped: replayable when whole, or else as done but not replayable.
+// status is the one sent, for the event.
+func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status int) {
 	outcome := Executed
-	if !ok {
+	if !whole {
 		outcome = NotReplayable
-		rec = response.Record{Status: rec.Status, NotReplayable: true}
+		*rec = response.Record{Status: rec.Status, NotReplayable: true}
 	}
-	b, buf, err := f.encode(&rec)
+	b, buf, err := f.encode(rec)
 	if err == nil {
-		st.fin.start(f.r.Context(), f.m.cfg.lease)
+		st.fin.start(f.ctx, f.m.cfg.lease)
 		err = f.complete(&st.fin, b)
 		st.fin.stop()
 		retrying := retryable(err)
@@ -128,7 +135,7 @@ func (f *finish) keep(st *handlerState, cw *response.Capture) {
 		}
 	}
 	outcome, err = settled(outcome, nil, err)
-	f.emit(f.r.Context(), outcome, status, err)
+	f.emit(f.ctx, outcome, status, err)
 }
 
 // encode encodes rec: for a store that keeps records, into a buffer of its
@@ -159,8 +166,8 @@ func (f *finish) complete(ctx context.Context, b []byte) error {
 
 // emit tells the observer how the execution ended.
 func (f *finish) emit(ctx context.Context, o Outcome, status int, err error) {
-	if obs := f.m.cfg.observer; obs != nil {
-		obs(Event{Outcome: o, Method: f.r.Method, Route: f.route, Status: status,
+	if f.m.cfg.observer != nil {
+		f.m.emit(Event{Outcome: o, Method: f.method, Route: f.route, Status: status,
 			Duration: time.Since(f.start), Err: err, Context: ctx})
 	}
 }
@@ -201,7 +208,7 @@ const (
 func (f *finish) later(outcome Outcome, status int, cause, first error, op func(context.Context) error) {
 	m := f.m
 	fc := *f // the goroutine's own copy; f stays on the handler's stack
-	base := context.WithoutCancel(f.r.Context())
+	base := context.WithoutCancel(f.ctx)
 	deadline := time.Now().Add(m.cfg.lease)
 	drain := m.work.add()
 	go func() {

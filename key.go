@@ -181,6 +181,23 @@ func (h *hasher) appendStorageKey(b []byte, scope, method, route, key string) []
 	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
 }
 
+// appendIssuedKey appends the name of the record of a key issued by
+// [Middleware.IssueKey] to a client of the given scope: a hash of the
+// scope and the key, as appendStorageKey's but apart from every name it
+// gives. It does not depend on the route: an issued key is the client's
+// for any route the middleware protects.
+func (h *hasher) appendIssuedKey(b []byte, scope, key string) []byte {
+	h.buf = appendFields(h.buf[:0], "idem/issued", scope, key)
+	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
+}
+
+// appendDoKey appends the name of the record of key for the operation op
+// of [Middleware.Do], apart from every name the other two give.
+func (h *hasher) appendDoKey(b []byte, op, key string) []byte {
+	h.buf = appendFields(h.buf[:0], "idem/do", op, key)
+	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
+}
+
 // appendFingerprint appends what identifies the request: by default a
 // hash of the method, path, query, Content-Type and body; fingerprintLen
 // bytes, or none WithoutFingerprint.
@@ -201,7 +218,12 @@ func appendFingerprint(b []byte, h *hasher, cfg *config, r *http.Request, body [
 func requestIDs(cfg *config, r *http.Request, route, key string, body []byte) (skey, owner, fp string) {
 	h := getHasher()
 	var a [storageKeyLen + ownerLen + fingerprintLen]byte
-	b := h.appendStorageKey(a[:0], cfg.scope(r), r.Method, route, key)
+	var b []byte
+	if cfg.issuedTTL > 0 {
+		b = h.appendIssuedKey(a[:0], cfg.scope(r), key)
+	} else {
+		b = h.appendStorageKey(a[:0], cfg.scope(r), r.Method, route, key)
+	}
 	b = appendOwner(b)
 	b = appendFingerprint(b, h, cfg, r, body)
 	putHasher(h)

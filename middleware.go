@@ -21,6 +21,9 @@ type Middleware struct {
 	store storage.Store
 	// keeper is store when it can keep the records it is given.
 	keeper storage.RecordKeeper
+	// issuer is store when the middleware accepts issued keys only
+	// (WithIssuedKeys).
+	issuer storage.Issuer
 	cfg    config
 	omit   func(name string) bool
 	beats  beats
@@ -50,6 +53,12 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 	}
 	if m.cfg.ttl < m.cfg.lease {
 		return nil, invalid("WithTTL(%v) is shorter than the lease (%v)", m.cfg.ttl, m.cfg.lease)
+	}
+	if m.cfg.issuedTTL > 0 {
+		var ok bool
+		if m.issuer, ok = store.(storage.Issuer); !ok {
+			return nil, invalid("WithIssuedKeys: the store (%T) does not implement storage.Issuer", store)
+		}
 	}
 	omit := m.cfg.omit
 	m.omit = func(name string) bool { return omit[name] }
@@ -200,39 +209,67 @@ type exchange struct {
 func (x *exchange) run(next Next) {
 	m := x.m
 	skey, owner, fp := requestIDs(&m.cfg, x.r, x.route, x.key, x.body)
-	ctx := x.r.Context()
-
-	res, err := m.store.Acquire(ctx, skey, owner, fp, m.cfg.lease)
-	if err == nil && res.State == storage.InFlight && m.cfg.wait > 0 && res.Fingerprint == fp {
-		res, err = x.wait(ctx, res, skey, owner, fp)
-	}
-	switch {
-	case err != nil && ctx.Err() != nil:
-		// The request's own context ended (the client gave up, or a
-		// deadline passed): not a store failure, and never a reason to
-		// run the handler unprotected.
-		x.refuse(Canceled, newError(ErrCanceled, "The request was canceled before it could be processed; retry later.", time.Second, errors.Join(context.Cause(ctx), err)))
-	case err != nil && m.cfg.failOpen:
-		x.emit(FailedOpen, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
-		next(x.w, handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key}), nil)
-	case err != nil:
-		x.refuse(StoreError, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err))
-	case res.State == storage.Acquired:
+	res, o, e := m.acquire(x.r.Context(), x.route, skey, owner, fp)
+	switch o {
+	case Executed:
 		x.execute(next, skey, owner)
-	case res.Fingerprint != fp:
-		x.refuse(Mismatch, newError(ErrMismatch, "This idempotency key was already used with a different request.", 0, nil))
-	case res.State == storage.InFlight:
-		x.refuse(Conflict, newError(ErrConflict, "A request with this idempotency key is still being processed; retry later.", m.runs.retryAfter(x.route, res.LeaseLeft), nil))
-	default:
+	case Replayed:
 		x.replay(res.Record, skey)
+	case FailedOpen:
+		x.emit(FailedOpen, 0, e)
+		next(x.w, handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key}), nil)
+	default:
+		x.refuse(o, e)
 	}
 }
 
-// wait polls the store until the request in flight finishes or the wait
+// acquire is the protocol's first step, the same for a request and for
+// [Middleware.Do]: it takes the lease on skey for owner, waits while
+// another execution holds it (WithWait), and says what comes next:
+// Executed (run under the lease), Replayed (answer with res.Record),
+// FailedOpen (the store failed: run unprotected, e says why), or any
+// other outcome: refuse with e. route is the route (or operation) whose
+// handler durations estimate Retry-After.
+func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string) (res storage.Result, o Outcome, e *Error) {
+	res, err := m.take(ctx, skey, owner, fp)
+	if err == nil && res.State == storage.InFlight && m.cfg.wait > 0 && res.Fingerprint == fp {
+		res, err = m.wait(ctx, res, skey, owner, fp)
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// The caller's own context ended (the client gave up, or a
+		// deadline passed): not a store failure, and never a reason to
+		// run the handler unprotected.
+		return res, Canceled, newError(ErrCanceled, "The request was canceled before it could be processed; retry later.", time.Second, errors.Join(context.Cause(ctx), err))
+	case err != nil && m.cfg.failOpen:
+		return res, FailedOpen, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err)
+	case err != nil:
+		return res, StoreError, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err)
+	case res.State == storage.Acquired:
+		return res, Executed, nil
+	case res.State == storage.NotIssued:
+		return res, Rejected, newError(ErrKeyNotIssued, "This idempotency key was not issued to this client, or it has expired; get a new one.", 0, nil)
+	case res.Fingerprint != fp:
+		return res, Mismatch, newError(ErrMismatch, "This idempotency key was already used with a different request.", 0, nil)
+	case res.State == storage.InFlight:
+		return res, Conflict, newError(ErrConflict, "A request with this idempotency key is still being processed; retry later.", m.runs.retryAfter(route, res.LeaseLeft), nil)
+	}
+	return res, Replayed, nil
+}
+
+// take is one Acquire: AcquireIssued when the middleware accepts issued
+// keys only (WithIssuedKeys).
+func (m *Middleware) take(ctx context.Context, skey, owner, fp string) (storage.Result, error) {
+	if m.issuer != nil {
+		return m.issuer.AcquireIssued(ctx, skey, owner, fp, m.cfg.lease)
+	}
+	return m.store.Acquire(ctx, skey, owner, fp, m.cfg.lease)
+}
+
+// wait polls the store until the execution in flight finishes or the wait
 // ends, starting from the InFlight result res. It returns the last Acquire
-// result, or ctx's error when the request's context ends first.
-func (x *exchange) wait(ctx context.Context, res storage.Result, skey, owner, fp string) (storage.Result, error) {
-	m := x.m
+// result, or ctx's error when ctx ends first.
+func (m *Middleware) wait(ctx context.Context, res storage.Result, skey, owner, fp string) (storage.Result, error) {
 	deadline := time.Now().Add(m.cfg.wait)
 	delay := 5 * time.Millisecond
 	t := time.NewTimer(time.Hour)
@@ -250,7 +287,7 @@ func (x *exchange) wait(ctx context.Context, res storage.Result, skey, owner, fp
 		}
 		delay = min(2*delay, 200*time.Millisecond)
 		var err error
-		if res, err = m.store.Acquire(ctx, skey, owner, fp, m.cfg.lease); err != nil {
+		if res, err = m.take(ctx, skey, owner, fp); err != nil {
 			return res, err
 		}
 	}
@@ -274,7 +311,7 @@ func (x *exchange) execute(next Next, skey, owner string) {
 	m := x.m
 	m.work.add()
 	defer m.work.done()
-	f := finish{m: m, r: x.r, route: x.eventRoute(), start: x.start, skey: skey, owner: owner}
+	f := finish{m: m, ctx: x.r.Context(), method: x.r.Method, route: x.eventRoute(), start: x.start, skey: skey, owner: owner}
 	st := new(handlerState)
 	cw := capturePool.Get().(*response.Capture)
 	cw.Reset(x.w, m.cfg.maxResp, m.omit)
@@ -352,12 +389,17 @@ func (x *exchange) refuse(o Outcome, e *Error) {
 }
 
 func (x *exchange) emit(o Outcome, status int, err error) {
-	obs := x.m.cfg.observer
-	if obs == nil {
-		return
+	if x.m.cfg.observer != nil {
+		x.m.emit(Event{Outcome: o, Method: x.r.Method, Route: x.eventRoute(), Status: status,
+			Duration: time.Since(x.start), Err: err, Context: x.r.Context()})
 	}
-	obs(Event{Outcome: o, Method: x.r.Method, Route: x.eventRoute(), Status: status,
-		Duration: time.Since(x.start), Err: err, Context: x.r.Context()})
+}
+
+// emit tells the observer, if there is one, of ev.
+func (m *Middleware) emit(ev Event) {
+	if m.cfg.observer != nil {
+		m.cfg.observer(ev)
+	}
 }
 
 // eventRoute is the route as events report it: the route pattern without

@@ -40,6 +40,7 @@ type config struct {
 	observer    func(Event)
 	omit        map[string]bool
 	rebuild     func(w http.ResponseWriter, r *http.Request) bool
+	issuedTTL   time.Duration // > 0: issued keys only (WithIssuedKeys)
 }
 
 func defaultConfig() config {

@@ -1,0 +1,139 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"time"
+
+	"github.com/idemkit/idem/response"
+)
+
+// This file is the protocol without HTTP: Do runs a function once per key,
+// as a request's handler runs once per idempotency key, for work that
+// arrives by other routes than a request (a queue's redeliveries, a
+// scheduled job run by every instance, a provider's callback handled
+// outside a handler). It takes the same steps as a request (acquire,
+// execute under a renewed lease, finish), with a function's result in
+// place of a response.
+
+// Do runs fn once for key, across every process that shares the store,
+// and gives its result to every later call with the same op and key for
+// WithTTL. op names the operation (for example the queue or the job) and
+// keeps its keys apart from every other operation's and from every
+// request's; it is the Route of the observer's events, whose Method is
+// empty. key is validated as an idempotency key (1 to 255 bytes of
+// printable ASCII, taken as it stands: no RFC 8941 unquoting), for example
+// a message id; it is hashed with op into the record's name.
+//
+// The call that takes the key runs fn under a lease, renewed while fn
+// runs, exactly as a request's handler: fn's ctx carries the [Info] for
+// FromContext (Key, Owner, Protected, StorageKey, TTL), so a fence such as
+// pgstore's works inside fn. Then:
+//
+//   - fn returns a result and a nil error: Do stores a copy of the result
+//     and returns it as it is. A result larger than WithMaxResponseBody
+//     is returned but stored as not replayable: later calls get
+//     ErrNotReplayable. fn must not be nil.
+//   - fn returns an error: nothing is stored, the key is released (a
+//     later call runs fn again) and Do returns fn's error as it is. Return
+//     a nil error with a result that says what failed for a failure that
+//     must not run again.
+//   - fn panics (or calls runtime.Goexit): the key is released and the
+//     panic goes on.
+//
+// A call that finds the key done gets the stored result (a copy) and a nil
+// error, without running fn. Do's other errors are [*Error] values (use
+// errors.Is with the package's Err values):
+//
+//   - ErrConflict: another call holds the key and fn still runs there
+//     (after waiting for it for WithWait, when set); RetryAfter says when
+//     to try again. A queue consumer leaves the message for redelivery.
+//   - ErrNotReplayable: fn ran and its result was not stored (too large,
+//     or the process died after a fence committed its transaction): the
+//     work is done, the result is lost.
+//   - ErrStoreUnavailable: the store failed; fn did not run (unless
+//     WithFailOpen is set: fn then runs unprotected, with Info.Protected
+//     false, and Do returns what it returns).
+//   - ErrCanceled: ctx ended while the store was asked or the call waited.
+//   - ErrInvalidKey: key is not a valid idempotency key. ErrCorruptRecord:
+//     the stored result cannot be read.
+//
+// After fn returns, the result is stored on a context that ctx's
+// cancellation does not stop, retried in the background when the store
+// fails (see [WithLease]); [Middleware.Shutdown] waits for it. The options
+// of requests (methods, header, scope, request comparison, body limits,
+// cacheable statuses, rebuild, issued keys) do not apply to Do.
+func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	start := time.Now()
+	if err := checkBareKey(key); err != nil {
+		e := newError(ErrInvalidKey, "The idempotency key is invalid: "+err.Error()+".", 0, nil)
+		m.emit(Event{Outcome: Rejected, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
+		return nil, e
+	}
+	h := getHasher()
+	var a [storageKeyLen + ownerLen]byte
+	ids := string(appendOwner(h.appendDoKey(a[:0], op, key)))
+	putHasher(h)
+	skey, owner := ids[:storageKeyLen], ids[storageKeyLen:]
+
+	res, o, e := m.acquire(ctx, op, skey, owner, "")
+	switch o {
+	case Executed:
+		f := finish{m: m, ctx: ctx, route: op, start: start, skey: skey, owner: owner}
+		return f.do(key, fn)
+	case Replayed:
+		var rec response.Record
+		switch err := rec.UnmarshalBinary(res.Record); {
+		case err != nil:
+			e = newError(ErrCorruptRecord, "The stored result for this idempotency key cannot be read.", 0, err)
+			o = StoreError
+		case rec.NotReplayable:
+			e = newError(ErrNotReplayable, "The operation completed, but its result was not stored.", 0, nil)
+			o = Conflict
+		default:
+			m.emit(Event{Outcome: Replayed, Route: op, Duration: time.Since(start), Context: ctx})
+			return bytes.Clone(rec.Body), nil
+		}
+	case FailedOpen:
+		m.emit(Event{Outcome: FailedOpen, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
+		st := new(handlerState)
+		st.ctx = infoCtx{Context: ctx, info: Info{Key: key}}
+		return fn(&st.ctx)
+	}
+	m.emit(Event{Outcome: o, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
+	return nil, e
+}
+
+// do runs fn under the lease f holds and ends the execution as fn ended.
+func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (result []byte, err error) {
+	m := f.m
+	m.work.add()
+	defer m.work.done()
+	st := new(handlerState)
+	st.ctx = infoCtx{Context: f.ctx, info: Info{Key: key, Owner: f.owner, Protected: true, StorageKey: f.skey, TTL: m.cfg.ttl}}
+	m.beats.start(&st.beat, f.skey, f.owner)
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		p := recover() // nil after runtime.Goexit, as in exchange.execute
+		m.beats.stop(&st.beat)
+		f.release(st, Released, 0, &PanicError{Value: p, Goexit: p == nil})
+		if p != nil {
+			panic(p)
+		}
+	}()
+	began := time.Now()
+	result, err = fn(&st.ctx)
+	returned = true
+	m.runs.observe(f.route, time.Since(began))
+	m.beats.stop(&st.beat)
+	if err != nil {
+		f.release(st, Released, 0, err)
+		return nil, err
+	}
+	rec := response.Record{Status: 200, Body: result}
+	f.keep(st, &rec, len(result) <= m.cfg.maxResp, 0)
+	return result, nil
+}
