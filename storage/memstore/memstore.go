@@ -7,7 +7,7 @@
 // atomicity boundary), expires entries by their lease or TTL as read from
 // an injectable clock, bounds its number of entries without ever evicting
 // an entry in flight, and runs one janitor goroutine, which [Store.Close]
-// stops.
+// stops. It is a [storage.Issuer]: it keeps server-issued keys too.
 package memstore
 
 import (
@@ -41,7 +41,7 @@ type Store struct {
 	entries  map[string]*entry
 	byExpiry expiryHeap // every entry, the one expiring soonest first
 	epoch    time.Time  // the clock's time at New: heap keys are offsets from it
-	oldest   *entry     // done entries in completion order: oldest ...
+	oldest   *entry     // done and issued entries, in the order they became so: oldest ...
 	newest   *entry     // ... to newest, linked through prev and next
 	bytes    int
 
@@ -50,18 +50,28 @@ type Store struct {
 	janitor  sync.WaitGroup
 }
 
-var _ storage.RecordKeeper = (*Store)(nil)
+var (
+	_ storage.RecordKeeper = (*Store)(nil)
+	_ storage.Issuer       = (*Store)(nil)
+)
 
+// entry is one key's entry: processing (owner set), done (done set) or
+// issued (neither: no owner, no fingerprint).
 type entry struct {
 	key         string
 	fingerprint string
-	owner       string // while processing
+	owner       string // while processing; never empty then
 	record      []byte // when done; never nil then
 	done        bool
+	issueTTL    time.Duration // issued, or processing taken from an issue: the issue's TTL; 0 otherwise
 	expires     time.Time
 	index       int    // position in Store.byExpiry
-	prev, next  *entry // neighbours in the list of done entries
+	prev, next  *entry // neighbours in the list of done and issued entries
 }
+
+// evictable reports whether the entry is done or issued (no owner): only
+// those are in the list that the bound evicts from.
+func (e *entry) evictable() bool { return e.owner == "" }
 
 func (e *entry) size() int {
 	return len(e.key) + len(e.fingerprint) + len(e.owner) + len(e.record)
@@ -84,11 +94,15 @@ func WithClock(now func() time.Time) Option {
 // WithMaxEntries bounds the number of entries, [DefaultMaxEntries] by
 // default; n <= 0 keeps the default.
 //
-// When the store is full, Acquire of a new key first drops every expired
-// entry, then evicts the done entry completed longest ago (so a retry of
-// that request would run its handler again). It never evicts an entry in
-// flight: when only those remain, Acquire fails with an error wrapping
-// [storage.ErrFull]. Making room costs O(log n) per entry dropped.
+// When the store is full, Acquire or Issue of a new key first drops every
+// expired entry, then evicts the entry that has been done or issued for
+// longest: a done entry completed longest ago (so a retry of that request
+// would run its handler again), or an issued entry that has waited longest
+// since it was issued or released (its key is then no longer accepted:
+// AcquireIssued answers [storage.NotIssued]; nothing runs twice). It never
+// evicts an entry in flight: when only those remain, Acquire and Issue
+// fail with an error wrapping [storage.ErrFull]. Making room costs
+// O(log n) per entry dropped.
 func WithMaxEntries(n int) Option {
 	return func(s *Store) {
 		if n > 0 {
@@ -188,8 +202,8 @@ func (s *Store) Bytes() int {
 func (s *Store) remove(e *entry) {
 	delete(s.entries, e.key)
 	s.byExpiry.remove(e.index)
-	if e.done {
-		s.unlinkDone(e)
+	if e.evictable() {
+		s.unlink(e)
 	}
 	s.bytes -= e.size()
 }
@@ -200,7 +214,9 @@ func (s *Store) setExpiry(e *entry, t time.Time) {
 	s.byExpiry.fix(e.index)
 }
 
-func (s *Store) pushDone(e *entry) {
+// push appends e, done or issued, to the list of entries that may be
+// evicted, as its newest.
+func (s *Store) push(e *entry) {
 	e.prev, e.next = s.newest, nil
 	if s.newest != nil {
 		s.newest.next = e
@@ -210,7 +226,8 @@ func (s *Store) pushDone(e *entry) {
 	s.newest = e
 }
 
-func (s *Store) unlinkDone(e *entry) {
+// unlink takes e out of the list of entries that may be evicted.
+func (s *Store) unlink(e *entry) {
 	if e.prev != nil {
 		e.prev.next = e.next
 	} else {
@@ -239,11 +256,27 @@ func roundUp(d time.Duration) time.Duration {
 	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
-// Acquire implements [storage.Store.Acquire]. The context is not used.
-// Errors wrap [storage.ErrInvalid] or, when the store is full of entries
-// in flight, [storage.ErrFull].
+// Acquire implements [storage.Store.Acquire]; given an issued entry, it
+// takes it as AcquireIssued does. The context is not used. Errors wrap
+// [storage.ErrInvalid] or, when the store is full of entries in flight,
+// [storage.ErrFull].
 func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	return s.acquire(key, owner, fingerprint, lease, false)
+}
+
+// AcquireIssued implements [storage.Issuer.AcquireIssued]. The context is
+// not used. Errors wrap [storage.ErrInvalid].
+func (s *Store) AcquireIssued(_ context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	return s.acquire(key, owner, fingerprint, lease, true)
+}
+
+// acquire is Acquire, or AcquireIssued when issued is set: then a missing
+// entry is NotIssued and nothing is created.
+func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, issued bool) (storage.Result, error) {
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		if issued {
+			return storage.Result{}, fmt.Errorf("memstore: acquire issued: %w", err)
+		}
 		return storage.Result{}, fmt.Errorf("memstore: acquire: %w", err)
 	}
 	lease = roundUp(lease)
@@ -254,6 +287,12 @@ func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease
 		switch {
 		case e.done:
 			return storage.Result{State: storage.Done, Fingerprint: e.fingerprint, Record: e.record}, nil
+		case e.owner == "": // issued: taken, remembering the issue's TTL
+			s.unlink(e)
+			s.bytes += len(owner) + len(fingerprint)
+			e.owner, e.fingerprint = owner, fingerprint
+			s.setExpiry(e, now.Add(lease))
+			return storage.Result{State: storage.Acquired}, nil
 		case e.owner == owner:
 			s.setExpiry(e, now.Add(lease))
 			return storage.Result{State: storage.Acquired}, nil
@@ -261,18 +300,53 @@ func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease
 		left := max(roundUp(e.expires.Sub(now)), time.Millisecond)
 		return storage.Result{State: storage.InFlight, Fingerprint: e.fingerprint, LeaseLeft: left}, nil
 	}
+	if issued {
+		return storage.Result{State: storage.NotIssued}, nil
+	}
 	if len(s.entries) >= s.max && !s.makeRoom(now) {
 		return storage.Result{}, fmt.Errorf("memstore: acquire: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
 	}
-	e := &entry{key: key, fingerprint: fingerprint, owner: owner, expires: now.Add(lease)}
-	s.entries[key] = e
-	s.byExpiry.push(e, e.expires.Sub(s.epoch))
-	s.bytes += e.size()
+	s.add(&entry{key: key, fingerprint: fingerprint, owner: owner, expires: now.Add(lease)})
 	return storage.Result{State: storage.Acquired}, nil
 }
 
+// add puts a new entry in the map and the expiry heap, and in the list
+// of entries that may be evicted when it is issued.
+func (s *Store) add(e *entry) {
+	s.entries[e.key] = e
+	s.byExpiry.push(e, e.expires.Sub(s.epoch))
+	s.bytes += e.size()
+	if e.evictable() {
+		s.push(e)
+	}
+}
+
+// Issue implements [storage.Issuer.Issue]. The context is not used.
+// Errors wrap [storage.ErrExists], [storage.ErrInvalid] or, when the
+// store is full of entries in flight, [storage.ErrFull].
+func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("memstore: issue: %w: empty key", storage.ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("memstore: issue: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	ttl = roundUp(ttl)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if s.live(key, now) != nil {
+		return fmt.Errorf("memstore: issue: %w", storage.ErrExists)
+	}
+	if len(s.entries) >= s.max && !s.makeRoom(now) {
+		return fmt.Errorf("memstore: issue: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
+	}
+	s.add(&entry{key: key, issueTTL: ttl, expires: now.Add(ttl)})
+	return nil
+}
+
 // makeRoom frees at least one place, reporting whether it could: it drops
-// the expired entries, else evicts the done entry completed longest ago.
+// the expired entries, else evicts the entry done or issued longest ago.
 func (s *Store) makeRoom(now time.Time) bool {
 	s.dropExpired(now)
 	if len(s.entries) < s.max {
@@ -310,7 +384,7 @@ func (s *Store) complete(key, owner string, record []byte, ttl time.Duration, ke
 	switch {
 	case e != nil && e.done && bytes.Equal(e.record, record):
 		return nil // a resend of this very completion
-	case e == nil || e.done || e.owner != owner:
+	case e == nil || e.owner == "" || e.owner != owner: // missing, done, issued, another's
 		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
 	}
 	rec := record[:len(record):len(record)] // no room to append into
@@ -319,23 +393,32 @@ func (s *Store) complete(key, owner string, record []byte, ttl time.Duration, ke
 		copy(rec, record)
 	}
 	s.bytes += len(rec) - len(e.owner)
-	e.owner, e.record, e.done = "", rec, true
+	e.owner, e.record, e.done, e.issueTTL = "", rec, true, 0
 	s.setExpiry(e, now.Add(roundUp(ttl)))
-	s.pushDone(e)
+	s.push(e)
 	return nil
 }
 
-// Release implements [storage.Store.Release]. The context is not used.
-// Errors wrap [storage.ErrNotOwner].
+// Release implements [storage.Store.Release]: an entry taken from an
+// issue goes back to the issued state, for the issue's whole TTL again;
+// Release of an issued entry changes nothing and returns nil. The context
+// is not used. Errors wrap [storage.ErrNotOwner].
 func (s *Store) Release(_ context.Context, key, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(key, s.now())
+	now := s.now()
+	e := s.live(key, now)
 	switch {
-	case e == nil:
+	case e == nil || (!e.done && e.owner == ""): // missing, or issued
 		return nil
 	case e.done || e.owner != owner:
 		return fmt.Errorf("memstore: release: %w", storage.ErrNotOwner)
+	case e.issueTTL > 0: // back to issued
+		s.bytes -= len(e.owner) + len(e.fingerprint)
+		e.owner, e.fingerprint = "", ""
+		s.setExpiry(e, now.Add(e.issueTTL))
+		s.push(e)
+		return nil
 	}
 	s.remove(e)
 	return nil
@@ -351,7 +434,7 @@ func (s *Store) Extend(_ context.Context, key, owner string, lease time.Duration
 	defer s.mu.Unlock()
 	now := s.now()
 	e := s.live(key, now)
-	if e == nil || e.done || e.owner != owner {
+	if e == nil || e.owner == "" || e.owner != owner { // missing, done, issued, another's
 		return fmt.Errorf("memstore: extend: %w", storage.ErrNotOwner)
 	}
 	s.setExpiry(e, now.Add(roundUp(lease)))

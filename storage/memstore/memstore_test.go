@@ -319,11 +319,112 @@ func TestAllocations(t *testing.T) {
 	if first.State != storage.Done || &first.Record[0] != &again.Record[0] {
 		t.Error("Acquire of a done entry copied the record; it should return the stored slice")
 	}
+
+	issued := make([]string, runs+1)
+	for i := range issued {
+		issued[i] = fmt.Sprint("issued-", i)
+	}
+	i = 0
+	if n := testing.AllocsPerRun(runs, func() {
+		s.Issue(ctx, issued[i], time.Hour)
+		i++
+	}); n > 1 {
+		t.Errorf("Issue: %v allocations, want 1 (the entry; growth amortised)", n)
+	}
+	i = 0
+	if n := testing.AllocsPerRun(runs, func() {
+		s.AcquireIssued(ctx, issued[i], "owner", "fp", time.Minute)
+		i++
+	}); n != 0 {
+		t.Errorf("AcquireIssued of an issued entry: %v allocations, want 0", n)
+	}
+	i = 0
+	if n := testing.AllocsPerRun(runs, func() {
+		s.Release(ctx, issued[i], "owner")
+		i++
+	}); n != 0 {
+		t.Errorf("Release of an entry taken from an issue: %v allocations, want 0", n)
+	}
+}
+
+// TestBoundIssued: an issued entry takes a place like any other; the
+// bound evicts it, as it does a done entry, in the order they became
+// issued or done (a release back to issued counts as new), and never an
+// entry in flight, whether it came from an issue or not.
+func TestBoundIssued(t *testing.T) {
+	s, _ := newStore(t, WithMaxEntries(3))
+	ctx := t.Context()
+	issue := func(key string) {
+		t.Helper()
+		if err := s.Issue(ctx, key, time.Hour); err != nil {
+			t.Fatalf("Issue(%q): %v", key, err)
+		}
+	}
+	issue("i1")
+	acquire(t, s, "d", "o", time.Minute)
+	complete(t, s, "d", time.Hour)
+	issue("i2")
+	if res, err := s.AcquireIssued(ctx, "i1", "o", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+		t.Fatalf("AcquireIssued(i1): %+v, %v", res, err)
+	}
+	if err := s.Release(ctx, "i1", "o"); err != nil { // issued again: now the newest
+		t.Fatal(err)
+	}
+	for _, want := range []string{"d", "i2", "i1"} {
+		acquire(t, s, "new-"+want, "o", time.Minute)
+		if s.holds(want) {
+			t.Fatalf("%s still there, want it evicted next", want)
+		}
+		s.checkInvariants(t)
+	}
+	// Full of entries in flight: Issue refuses, as Acquire does.
+	if err := s.Issue(ctx, "i3", time.Hour); !errors.Is(err, storage.ErrFull) {
+		t.Fatalf("Issue on a store full of entries in flight: %v, want ErrFull", err)
+	}
+	if s.holds("i3") || s.Len() != 3 {
+		t.Fatal("a refused Issue changed the store")
+	}
+	// An entry taken from an issue is in flight: never evicted.
+	s2, _ := newStore(t, WithMaxEntries(1))
+	if err := s2.Issue(ctx, "k", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := s2.AcquireIssued(ctx, "k", "o", "fp", time.Minute); res.State != storage.Acquired {
+		t.Fatalf("AcquireIssued: %v", res.State)
+	}
+	if _, err := s2.Acquire(ctx, "other", "o", "fp", time.Minute); !errors.Is(err, storage.ErrFull) {
+		t.Fatalf("Acquire beside an entry in flight taken from an issue: %v, want ErrFull", err)
+	}
+	s.checkInvariants(t)
+	s2.checkInvariants(t)
+}
+
+// TestIssuedBytes: Bytes counts an issued entry's key, then its owner and
+// fingerprint while taken, and the key alone again once released.
+func TestIssuedBytes(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	if err := s.Issue(ctx, "key", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if s.Bytes() != len("key") {
+		t.Fatalf("Bytes %d after Issue, want %d", s.Bytes(), len("key"))
+	}
+	s.AcquireIssued(ctx, "key", "owner", "fingerprint", time.Minute)
+	if want := len("key") + len("owner") + len("fingerprint"); s.Bytes() != want {
+		t.Fatalf("Bytes %d after AcquireIssued, want %d", s.Bytes(), want)
+	}
+	s.Release(ctx, "key", "owner")
+	if s.Bytes() != len("key") {
+		t.Fatalf("Bytes %d after Release, want %d", s.Bytes(), len("key"))
+	}
+	s.checkInvariants(t)
 }
 
 // TestRandomOperations runs random operations from several goroutines on
 // a few keys with a small bound, checking the internal invariants (map,
-// expiry heap, list of done entries and byte count agree) as it goes.
+// expiry heap, list of done and issued entries and byte count agree) as it
+// goes.
 func TestRandomOperations(t *testing.T) {
 	s, clk := newStore(t, WithMaxEntries(6))
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
@@ -337,7 +438,7 @@ func TestRandomOperations(t *testing.T) {
 				k, o := keys[r.IntN(len(keys))], owners[r.IntN(len(owners))]
 				d := time.Duration(1+r.IntN(3000)) * time.Millisecond
 				var err error
-				switch r.IntN(6) {
+				switch r.IntN(8) {
 				case 0, 1:
 					_, err = s.Acquire(ctx, k, o, k, d)
 				case 2:
@@ -351,8 +452,12 @@ func TestRandomOperations(t *testing.T) {
 					if r.IntN(10) == 0 {
 						s.sweep()
 					}
+				case 6:
+					err = s.Issue(ctx, k, d)
+				case 7:
+					_, err = s.AcquireIssued(ctx, k, o, k, d)
 				}
-				if err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrFull) {
+				if err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrFull) && !errors.Is(err, storage.ErrExists) {
 					t.Errorf("unexpected error: %v", err)
 					return
 				}
@@ -365,7 +470,7 @@ func TestRandomOperations(t *testing.T) {
 }
 
 // checkInvariants checks that the map, the expiry heap, the list of done
-// entries and the byte count agree, and the bound holds.
+// and issued entries and the byte count agree, and the bound holds.
 func (s *Store) checkInvariants(t *testing.T) {
 	t.Helper()
 	s.mu.Lock()
@@ -388,31 +493,34 @@ func (s *Store) checkInvariants(t *testing.T) {
 		if i > 0 && e.expires.Before(s.byExpiry[(i-1)/2].e.expires) {
 			t.Fatalf("heap order broken at %d", i)
 		}
-		if e.done != (e.record != nil) || e.done == (e.owner != "") {
-			t.Fatalf("entry %q: done %v, owner %q, record %v", e.key, e.done, e.owner, e.record != nil)
+		if e.done != (e.record != nil) || (e.done && (e.owner != "" || e.issueTTL != 0)) {
+			t.Fatalf("entry %q: done %v, owner %q, record %v, issue TTL %v", e.key, e.done, e.owner, e.record != nil, e.issueTTL)
+		}
+		if !e.done && e.owner == "" && (e.fingerprint != "" || e.issueTTL <= 0) {
+			t.Fatalf("issued entry %q: fingerprint %q, issue TTL %v", e.key, e.fingerprint, e.issueTTL)
 		}
 		size += e.size()
 	}
 	if size != s.bytes {
 		t.Fatalf("Bytes %d, entries hold %d", s.bytes, size)
 	}
-	done := 0
+	listed := 0
 	for e, prev := s.oldest, (*entry)(nil); e != nil; prev, e = e, e.next {
-		if !e.done || e.prev != prev || s.entries[e.key] != e {
-			t.Fatalf("list of done entries broken at %q", e.key)
+		if e.owner != "" || e.prev != prev || s.entries[e.key] != e {
+			t.Fatalf("list of done and issued entries broken at %q", e.key)
 		}
 		if e.next == nil && s.newest != e {
-			t.Fatal("list of done entries: newest is not the last")
+			t.Fatal("list of done and issued entries: newest is not the last")
 		}
-		done++
+		listed++
 	}
 	for _, e := range s.entries {
-		if e.done {
-			done--
+		if e.owner == "" {
+			listed--
 		}
 	}
-	if done != 0 {
-		t.Fatalf("list of done entries and map disagree by %d", done)
+	if listed != 0 {
+		t.Fatalf("list of done and issued entries and map disagree by %d", listed)
 	}
 }
 
