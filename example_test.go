@@ -1,12 +1,14 @@
 package idem_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/nethttp"
@@ -146,4 +148,77 @@ func ExampleWithKey() {
 	// 200 replayed="" event evt_1 handled
 	// 200 replayed="true" event evt_1 handled
 	// captured: 1
+}
+
+func ExampleMiddleware_Do() {
+	store := memstore.New() // redisstore for consumers in several processes
+	defer store.Close()
+	m, err := idem.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A queue delivers a message at least once: the message id is the key.
+	credited := 0
+	handle := func(msgID string) {
+		res, err := m.Do(context.Background(), "payments-queue", msgID, func(ctx context.Context) ([]byte, error) {
+			credited++ // the side effect
+			return fmt.Appendf(nil, "credited, entry %d", credited), nil
+		})
+		if err != nil {
+			fmt.Println("leave the message for redelivery:", err)
+			return
+		}
+		fmt.Printf("ack %s: %s\n", msgID, res)
+	}
+	handle("1700000000000-0")
+	handle("1700000000000-0") // redelivered: the stored result, no second credit
+	fmt.Println("credited:", credited)
+	// Output:
+	// ack 1700000000000-0: credited, entry 1
+	// ack 1700000000000-0: credited, entry 1
+	// credited: 1
+}
+
+func ExampleMiddleware_IssueKey() {
+	store := memstore.New()
+	defer store.Close()
+	// Only keys this server issued, to the same client (its Authorization
+	// header, the default scope), for 30 minutes.
+	m, err := idem.New(store, idem.WithIssuedKeys(30*time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	orders := 0
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /checkout", func(w http.ResponseWriter, r *http.Request) {
+		key, err := m.IssueKey(r) // one store round trip
+		if err != nil {
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, key) // in a real page: a hidden form field
+	})
+	mux.Handle("POST /orders", nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orders++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", orders)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	res, err := http.Get(srv.URL + "/checkout")
+	if err != nil {
+		log.Fatal(err)
+	}
+	key, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	post(srv.URL+"/orders", string(key), "1 book")                      // the first submit takes the key
+	post(srv.URL+"/orders", string(key), "1 book")                      // a double submit: replayed
+	post(srv.URL+"/orders", "A-KEY-THIS-SERVER-NEVER-ISSUED", "1 book") // 400 ErrKeyNotIssued
+	fmt.Println("orders:", orders)
+	// Output:
+	// 201 replayed="" order 1
+	// 201 replayed="true" order 1
+	// 400 replayed="" application/problem+json
+	// orders: 1
 }
