@@ -28,7 +28,7 @@ var (
 
 // diffOp is one step of a differential run.
 type diffOp struct {
-	kind       byte // 0 acquire, 1 complete, 2 release, 3 extend, 4 clock step
+	kind       byte // 0 acquire, 1 complete, 2 release, 3 extend, 4 clock step, 5 issue, 6 acquire issued
 	key, owner string
 	fp         string
 	record     []byte
@@ -45,6 +45,10 @@ func (o diffOp) String() string {
 		return fmt.Sprintf("Release(%q, %q)", o.key, o.owner)
 	case 3:
 		return fmt.Sprintf("Extend(%q, %q, %v)", o.key, o.owner, o.d)
+	case 5:
+		return fmt.Sprintf("Issue(%q, %v)", o.key, o.d)
+	case 6:
+		return fmt.Sprintf("AcquireIssued(%q, %q, %.8q, %v)", o.key, o.owner, o.fp, o.d)
 	}
 	return fmt.Sprintf("step %v", o.d)
 }
@@ -52,12 +56,19 @@ func (o diffOp) String() string {
 // maxDiffOps bounds a run: miniredis builds a Lua state per script.
 const maxDiffOps = 64
 
+// issuedFrom is the first byte of an operation from which it is an Issue
+// or an AcquireIssued. Below it, a byte decodes as it did before issued
+// keys (the committed seeds have none above 120), and a byte and that
+// byte plus 60 decode alike, so no operation of the others is lost.
+const issuedFrom = 180
+
 // decodeDiffOps reads two bytes per operation. The first picks the kind,
-// key and owner; the second the fingerprint or record (low two bits) and a
-// duration: leases and TTLs of 0 to 15.75 ms in quarters of a millisecond
-// (0 is invalid; a quarter is rounded up to a whole millisecond by both
-// stores), and clock steps of 0 to 63 ms, a quarter of them with a
-// fraction of a millisecond.
+// key and owner: below issuedFrom, the kind is one of the first five; from
+// issuedFrom on, an Issue or an AcquireIssued. The second picks the
+// fingerprint or record (low two bits) and a duration: leases and TTLs of
+// 0 to 15.75 ms in quarters of a millisecond (0 is invalid; a quarter is
+// rounded up to a whole millisecond by both stores), and clock steps of 0
+// to 63 ms, a quarter of them with a fraction of a millisecond.
 func decodeDiffOps(data []byte) []diffOp {
 	var ops []diffOp
 	for i := 0; i+1 < len(data) && len(ops) < maxDiffOps; i += 2 {
@@ -66,6 +77,13 @@ func decodeDiffOps(data []byte) []diffOp {
 			kind:  a % 5,
 			key:   diffKeys[int(a/5)%len(diffKeys)],
 			owner: diffOwners[int(a/15)%len(diffOwners)],
+		}
+		if c := int(a) - issuedFrom; c >= 0 {
+			o = diffOp{
+				kind:  5 + byte(c%2),
+				key:   diffKeys[c/2%len(diffKeys)],
+				owner: diffOwners[c/6%len(diffOwners)],
+			}
 		}
 		pick := int(b % 4)
 		o.fp, o.record = diffFPs[pick], diffRecords[pick]
@@ -93,6 +111,8 @@ func errClass(err error) string {
 		return "ErrInvalid"
 	case errors.Is(err, storage.ErrFull):
 		return "ErrFull"
+	case errors.Is(err, storage.ErrExists):
+		return "ErrExists"
 	}
 	return "other: " + err.Error()
 }
@@ -113,6 +133,9 @@ func FuzzDifferential(f *testing.F) {
 	f.Add([]byte{0, 161, 19, 44, 15, 161})
 	// Acquire, Complete with a 15ms TTL, Acquire by another owner: done.
 	f.Add([]byte{0, 161, 1, 241, 15, 161})
+	// Issue a for 10ms, AcquireIssued by o1 for 10ms, Release (issued
+	// again, for 10ms), a step of 11ms, AcquireIssued by o2: not issued.
+	f.Add([]byte{180, 160, 181, 161, 2, 0, 4, 44, 187, 162})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ops := decodeDiffOps(data)
 		mr.FlushAll()
@@ -121,7 +144,7 @@ func FuzzDifferential(f *testing.F) {
 		mem := memstore.New(memstore.WithClock(func() time.Time { return start.Add(time.Duration(offset.Load())) }))
 		defer mem.Close()
 		red := redisstore.New(rdb, redisstore.WithPrefix("diff:"))
-		stores := [2]storage.Store{mem, red}
+		stores := [2]storage.Issuer{mem, red}
 		ctx := context.Background()
 		fraction := false // a clock step with a fraction of a millisecond happened
 		for i, o := range ops {
@@ -143,6 +166,10 @@ func FuzzDifferential(f *testing.F) {
 					errs[j] = s.Release(ctx, o.key, o.owner)
 				case 3:
 					errs[j] = s.Extend(ctx, o.key, o.owner, o.d)
+				case 5:
+					errs[j] = s.Issue(ctx, o.key, o.d)
+				case 6:
+					res[j], errs[j] = s.AcquireIssued(ctx, o.key, o.owner, o.fp, o.d)
 				}
 			}
 			fail := func(what string, m, r any) {
@@ -173,8 +200,12 @@ func FuzzDifferential(f *testing.F) {
 
 // TestDecodeDiffOps pins the decoding that the committed seeds rely on.
 func TestDecodeDiffOps(t *testing.T) {
-	got := decodeDiffOps([]byte{0, 161, 19, 47, 1, 241, 7})
-	want := []string{`Acquire("a", "o1", "fp1", 10ms)`, "step 11.3ms", `Complete("a", "o1", "r2", 15ms)`}
+	got := decodeDiffOps([]byte{0, 161, 19, 47, 1, 241, 7, 0, 180, 160, 181, 161, 189, 162, 184, 0, 255, 3, 179, 1})
+	want := []string{
+		`Acquire("a", "o1", "fp1", 10ms)`, "step 11.3ms", `Complete("a", "o1", "r2", 15ms)`, `Release("b", "o1")`,
+		`Issue("a", 10ms)`, `AcquireIssued("a", "o1", "fp1", 10ms)`, `AcquireIssued("b", "o2", "fp2", 10ms)`, `Issue("", 0s)`,
+		`AcquireIssued("b", "o1", "ffffffff", 0s)`, "step 0s",
+	}
 	if len(got) != len(want) {
 		t.Fatalf("%d ops %v, want %d", len(got), got, len(want))
 	}

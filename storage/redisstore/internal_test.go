@@ -39,9 +39,18 @@ func TestReplyShapes(t *testing.T) {
 			t.Errorf("acquire reply %#v: %+v, %v; want an unexpected-reply error", reply, res, err)
 		}
 	}
+	for _, reply := range []any{nil, int64(4), int64(-1), "", "D", "X\x00r", []any{int64(3)}, []any{int64(3), "fp", int64(5)}} {
+		res, err := acquireIssuedResult(reply)
+		if !errors.Is(err, errReply) || res.State != 0 {
+			t.Errorf("acquire issued reply %#v: %+v, %v; want an unexpected-reply error", reply, res, err)
+		}
+	}
 	for _, reply := range []any{nil, "1", int64(2), int64(-2), []any{int64(1)}, "OK"} {
 		if err := ownedResult(reply); !errors.Is(err, errReply) {
 			t.Errorf("reply %#v: %v, want an unexpected-reply error", reply, err)
+		}
+		if err := issueResult(reply); !errors.Is(err, errReply) {
+			t.Errorf("issue reply %#v: %v, want an unexpected-reply error", reply, err)
 		}
 	}
 	if err := replyErr(redis.Nil); !errors.Is(err, errReply) || errors.Is(err, redis.Nil) {
@@ -73,6 +82,27 @@ func TestReplies(t *testing.T) {
 	for reply, want := range map[int64]error{1: nil, 0: storage.ErrNotOwner, -1: errCorrupt} {
 		if err := ownedResult(reply); !errors.Is(err, want) || (want == nil && err != nil) {
 			t.Errorf("reply %d: %v, want %v", reply, err, want)
+		}
+	}
+	for reply, want := range map[int64]error{1: nil, 0: storage.ErrExists, -1: errCorrupt} {
+		if err := issueResult(reply); !errors.Is(err, want) || (want == nil && err != nil) {
+			t.Errorf("issue reply %d: %v, want %v", reply, err, want)
+		}
+	}
+	for _, c := range []struct {
+		reply any
+		want  storage.State
+		err   error
+	}{
+		{int64(3), storage.NotIssued, nil},
+		{int64(1), storage.Acquired, nil},
+		{[]any{int64(2), "fp", int64(1500)}, storage.InFlight, nil},
+		{"D\x02fprecord", storage.Done, nil},
+		{int64(0), 0, errCorrupt},
+	} {
+		res, err := acquireIssuedResult(c.reply)
+		if !errors.Is(err, c.err) || res.State != c.want {
+			t.Errorf("acquire issued reply %#v: %+v, %v; want %v, %v", c.reply, res, err, c.want, c.err)
 		}
 	}
 }

@@ -26,8 +26,8 @@ var evicting = []string{
 	"volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl",
 }
 
-// storeOps are the four operations, on a key held by owner "o" when the
-// store works.
+// storeOps are the six operations, on a key held by owner "o" when the
+// store works (the last two on a key they issue and take).
 var storeOps = []struct {
 	name string
 	run  func(ctx context.Context, s *redisstore.Store) error
@@ -41,6 +41,14 @@ var storeOps = []struct {
 		return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute)
 	}},
 	{"release", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
+	{"issue", func(ctx context.Context, s *redisstore.Store) error { return s.Issue(ctx, "k3", time.Minute) }},
+	{"acquire issued", func(ctx context.Context, s *redisstore.Store) error {
+		res, err := s.AcquireIssued(ctx, "k3", "o", "fp", time.Minute)
+		if err == nil && res.State != storage.Acquired {
+			return errors.New("state " + res.State.String() + ", want acquired")
+		}
+		return err
+	}},
 }
 
 // wantRefused checks that every operation fails with ErrEvictionPolicy

@@ -15,7 +15,10 @@
 // to the right Redis Cluster node: a script touches KEYS[1] only. Every key
 // carries a TTL, sent in milliseconds and rounded up (never 0, which
 // PEXPIRE takes as "delete now"). Every script gives the same answer when
-// run twice, so go-redis's retries after a timeout are harmless.
+// run twice, so go-redis's retries after a timeout are harmless, except
+// Issue's: run twice, it answers [storage.ErrExists] the second time, as
+// the contract asks of an Issue of a key that has an entry (the key is
+// issued all the same).
 //
 // # Eviction
 //
@@ -33,14 +36,24 @@
 //
 // An entry is one Redis string under prefix+key:
 //
-//	'P' len(fingerprint) fingerprint owner    while processing
-//	'D' len(fingerprint) fingerprint record   when done
+//	'P' len(fingerprint) fingerprint owner                  while processing
+//	'Q' len(fingerprint) fingerprint len(ttl) ttl owner     while processing, taken from an issue
+//	'D' len(fingerprint) fingerprint record                 when done
+//	'I' ttl                                                 when issued
 //
-// The state is one byte, 'P' or 'D'; the fingerprint's length is one byte
-// (a fingerprint has at most [storage.MaxFingerprintLen] bytes); the owner
-// token or the record takes the rest of the value. A value of any other
-// shape (or a key of another type) makes every operation on it fail with
-// an error, and changes nothing.
+// The state is one byte, 'P', 'Q', 'D' or 'I'; the fingerprint's length
+// is one byte (a fingerprint has at most [storage.MaxFingerprintLen]
+// bytes); the owner token or the record takes the rest of the value. ttl
+// is the TTL given to [Store.Issue], in milliseconds, in decimal digits
+// (without a leading zero; at most 15), after its length in one byte in a
+// 'Q' entry: [Store.Release] turns a 'Q' entry back into 'I' ttl, for ttl
+// milliseconds. A value of any other shape (or a key of another type)
+// makes every operation on it fail with an error, and changes nothing.
+//
+// A version of this package from before issued keys answers such an
+// error for the 'Q' and 'I' entries it does not know (while versions are
+// mixed during a rolling deploy, say); it handles 'P' and 'D' entries as
+// this one does.
 package redisstore
 
 import (
@@ -66,7 +79,10 @@ type Store struct {
 	policy
 }
 
-var _ storage.Store = (*Store)(nil)
+var (
+	_ storage.Store  = (*Store)(nil)
+	_ storage.Issuer = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -136,7 +152,9 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 //
 // [ClientOptions] returns exactly these options. The same fields exist in
 // redis.ClusterOptions, redis.FailoverOptions and redis.UniversalOptions.
-// Retries are safe: every script gives the same answer when run twice.
+// Retries are safe: every script gives the same answer when run twice,
+// but Issue's, whose retry may answer [storage.ErrExists] for the key it
+// issued.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{rdb: rdb, prefix: DefaultPrefix, policy: policy{every: policyCheckEvery, now: time.Now}}
 	for _, o := range opts {
@@ -155,16 +173,40 @@ var (
 	errReply = errors.New("unexpected reply")
 )
 
-// parseLua, the start of every script, splits a value into its state byte,
-// fingerprint and rest (owner or record), or returns nil when the value is
-// not an entry (a processing entry must have an owner).
+// parseLua, the start of every script, splits a value into its state,
+// fingerprint, rest (owner or record) and issue TTL, or returns nil when
+// the value is not an entry (a processing entry must have an owner). A
+// 'P' entry and a 'Q' entry (taken from an issue) both come out as 'P',
+// the 'Q' one with its issue TTL, the others without; an 'I' entry comes
+// out with empty fingerprint and rest. A TTL is a string of 1 to 15
+// decimal digits without a leading zero, kept as a string to be sent to
+// PX as it is.
 const parseLua = `
+local function ttl(t)
+  if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
+  return nil
+end
 local function parse(v)
-  local tag, n = string.sub(v, 1, 1), string.byte(v, 2)
-  if n == nil or #v < 2 + n or (tag == 'P' and #v == 2 + n) or (tag ~= 'P' and tag ~= 'D') then
+  local tag = string.sub(v, 1, 1)
+  if tag == 'I' then
+    local t = ttl(string.sub(v, 2))
+    if t then return 'I', '', '', t end
     return nil
   end
-  return tag, string.sub(v, 3, 2 + n), string.sub(v, 3 + n)
+  local n = string.byte(v, 2)
+  if n == nil or #v < 2 + n then return nil end
+  local fp, rest = string.sub(v, 3, 2 + n), string.sub(v, 3 + n)
+  if tag == 'D' then
+    return 'D', fp, rest
+  elseif tag == 'P' and #rest > 0 then
+    return 'P', fp, rest
+  elseif tag == 'Q' then
+    local m = string.byte(rest, 1)
+    if m == nil or #rest < 2 + m then return nil end
+    local t = ttl(string.sub(rest, 2, 1 + m))
+    if t then return 'P', fp, string.sub(rest, 2 + m), t end
+  end
+  return nil
 end
 local v = redis.call('GET', KEYS[1])
 `
@@ -172,25 +214,29 @@ local v = redis.call('GET', KEYS[1])
 // Answers of the scripts. Acquire answers 1 (acquired), the done entry's
 // whole value (a string, parsed by [doneResult]: one bulk string costs
 // go-redis fewer allocations than a table), {2, fingerprint, pttl} (in
-// flight) or 0 (corrupt). The others answer one integer.
+// flight) or 0 (corrupt); AcquireIssued the same, or 3 (not issued). The
+// others answer one integer.
 const (
 	codeCorrupt  = -1
 	codeNotOwner = 0
 	codeOK       = 1
+	codeExists   = 0 // Issue's answer when the key has an entry
 
 	codeAcquireCorrupt = 0
 	codeAcquired       = 1
 	codeInFlight       = 2
+	codeNotIssued      = 3
 )
 
-// acquire: ARGV owner, fingerprint, lease in ms.
-const acquireSrc = parseLua + `
-if not v then
-  redis.call('SET', KEYS[1], 'P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1], 'PX', ARGV[3])
+// takeLua, the rest of the acquire scripts once parseLua found an entry:
+// an issued entry is taken, becoming a 'Q' entry that keeps the issue's
+// TTL. ARGV owner, fingerprint, lease in ms.
+const takeLua = `
+local tag, fp, rest, t = parse(v)
+if tag == 'I' then
+  redis.call('SET', KEYS[1], 'Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1], 'PX', ARGV[3])
   return 1
-end
-local tag, fp, rest = parse(v)
-if tag == 'D' then
+elseif tag == 'D' then
   return v
 elseif tag == 'P' and rest == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -199,6 +245,31 @@ elseif tag == 'P' then
   return {2, fp, redis.call('PTTL', KEYS[1])}
 end
 return 0
+`
+
+// acquire: ARGV owner, fingerprint, lease in ms.
+const acquireSrc = parseLua + `
+if not v then
+  redis.call('SET', KEYS[1], 'P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1], 'PX', ARGV[3])
+  return 1
+end
+` + takeLua
+
+// acquireIssued: ARGV owner, fingerprint, lease in ms. No entry: not
+// issued, and nothing is written.
+const acquireIssuedSrc = parseLua + `
+if not v then return 3 end
+` + takeLua
+
+// issue: ARGV ttl in ms. An entry in any state: 0, nothing written.
+const issueSrc = parseLua + `
+if not v then
+  redis.call('SET', KEYS[1], 'I' .. ARGV[1], 'PX', ARGV[1])
+  return 1
+elseif parse(v) then
+  return 0
+end
+return -1
 `
 
 // complete: ARGV owner, record, ttl in ms.
@@ -212,16 +283,25 @@ elseif tag == 'P' then
   if rest ~= ARGV[1] then return 0 end
   redis.call('SET', KEYS[1], 'D' .. string.char(#fp) .. fp .. ARGV[2], 'PX', ARGV[3])
   return 1
+elseif tag == 'I' then
+  return 0
 end
 return -1
 `
 
-// release: ARGV owner.
+// release: ARGV owner. An entry taken from an issue goes back to issued,
+// for the issue's TTL; an issued entry is left alone (a resend).
 const releaseSrc = parseLua + `
 if not v then return 1 end
-local tag, fp, rest = parse(v)
+local tag, fp, rest, t = parse(v)
 if tag == 'P' and rest == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  if t then
+    redis.call('SET', KEYS[1], 'I' .. t, 'PX', t)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return 1
+elseif tag == 'I' then
   return 1
 elseif tag then
   return 0
@@ -291,10 +371,12 @@ func newScript(src string) script {
 }
 
 var (
-	acquire  = newScript(acquireSrc)
-	complete = newScript(completeSrc)
-	release  = newScript(releaseSrc)
-	extend   = newScript(extendSrc)
+	acquire       = newScript(acquireSrc)
+	acquireIssued = newScript(acquireIssuedSrc)
+	issue         = newScript(issueSrc)
+	complete      = newScript(completeSrc)
+	release       = newScript(releaseSrc)
+	extend        = newScript(extendSrc)
 )
 
 // run runs sc with c's key and the given arguments (pointers into c), as
@@ -337,7 +419,8 @@ func ClientOptions(addr string) *redis.Options {
 	}
 }
 
-// Acquire implements [storage.Store.Acquire]. Errors wrap
+// Acquire implements [storage.Store.Acquire]; given an issued entry, it
+// takes it as AcquireIssued does. Errors wrap
 // [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
 // be reached, failed, or holds a value under the key that is not an entry.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
@@ -357,6 +440,77 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 		return storage.Result{}, fmt.Errorf("redisstore: acquire %q: %w", c.key, err)
 	}
 	return res, nil
+}
+
+// AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
+// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
+func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire issued: %w", err)
+	}
+	if err := s.checkPolicy(ctx); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire issued: %w", err)
+	}
+	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
+	reply, err := s.run(ctx, acquireIssued, c, owner, fingerprint, &c.n)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire issued: %w", replyErr(err))
+	}
+	res, err := acquireIssuedResult(reply)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: acquire issued %q: %w", c.key, err)
+	}
+	return res, nil
+}
+
+// acquireIssuedResult maps the acquireIssued script's answer: the acquire
+// script's, or 3 for not issued.
+func acquireIssuedResult(reply any) (storage.Result, error) {
+	if code, ok := reply.(int64); ok && code == codeNotIssued {
+		return storage.Result{State: storage.NotIssued}, nil
+	}
+	return acquireResult(reply)
+}
+
+// Issue implements [storage.Issuer.Issue]. Errors wrap [storage.ErrExists],
+// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
+// A command that go-redis resent after a timeout, once the first had
+// issued the key, answers ErrExists.
+func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("redisstore: issue: %w: empty key", storage.ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("redisstore: issue: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	if err := s.checkPolicy(ctx); err != nil {
+		return fmt.Errorf("redisstore: issue: %w", err)
+	}
+	c := &call{key: s.prefix + key, n: millis{ms: ms(ttl)}}
+	reply, err := s.run(ctx, issue, c, &c.n)
+	if err != nil {
+		return fmt.Errorf("redisstore: issue: %w", replyErr(err))
+	}
+	if err := issueResult(reply); err != nil {
+		return fmt.Errorf("redisstore: issue %q: %w", c.key, err)
+	}
+	return nil
+}
+
+// issueResult maps the issue script's answer.
+func issueResult(reply any) error {
+	code, ok := reply.(int64)
+	switch {
+	case ok && code == codeOK:
+		return nil
+	case ok && code == codeExists:
+		return storage.ErrExists
+	case ok && code == codeCorrupt:
+		return errCorrupt
+	}
+	return unexpected(reply)
 }
 
 // acquireResult maps the acquire script's answer.
@@ -411,7 +565,9 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	return s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n)
 }
 
-// Release implements [storage.Store.Release]. Errors wrap
+// Release implements [storage.Store.Release]: an entry taken from an issue
+// goes back to the issued state, for the issue's whole TTL again; Release
+// of an issued entry changes nothing and returns nil. Errors wrap
 // [storage.ErrNotOwner] or [ErrEvictionPolicy], or say that Redis could not
 // be reached, failed, or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {

@@ -101,6 +101,16 @@ func acquireOp(name, key, owner string, want storage.State) op {
 	}}
 }
 
+func acquireIssuedOp(name, key, owner string, want storage.State) op {
+	return op{name, func(ctx context.Context, s *redisstore.Store) error {
+		res, err := s.AcquireIssued(ctx, key, owner, "fp", time.Minute)
+		if err == nil && res.State != want {
+			return errors.New("state " + res.State.String() + ", want " + want.String())
+		}
+		return err
+	}}
+}
+
 func wantErr(want error, f func(ctx context.Context, s *redisstore.Store) error) func(ctx context.Context, s *redisstore.Store) error {
 	return func(ctx context.Context, s *redisstore.Store) error {
 		if err := f(ctx, s); !errors.Is(err, want) {
@@ -138,6 +148,23 @@ var everyOutcome = []op{
 	acquireOp("acquire to release", "k2", "o", storage.Acquired),
 	{"release", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
 	{"release missing", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
+	{"issue", func(ctx context.Context, s *redisstore.Store) error { return s.Issue(ctx, "i", time.Minute) }},
+	{"issue exists", wantErr(storage.ErrExists, func(ctx context.Context, s *redisstore.Store) error { return s.Issue(ctx, "i", time.Minute) })},
+	acquireIssuedOp("acquire issued, not issued", "never", "o", storage.NotIssued),
+	acquireIssuedOp("acquire issued", "i", "o", storage.Acquired),
+	acquireIssuedOp("acquire issued again", "i", "o", storage.Acquired),
+	acquireIssuedOp("acquire issued in flight", "i", "o2", storage.InFlight),
+	{"release to issued", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "i", "o") }},
+	{"release issued", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "i", "o") }},
+	{"extend issued", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *redisstore.Store) error { return s.Extend(ctx, "i", "o", time.Minute) })},
+	{"complete issued", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *redisstore.Store) error {
+		return s.Complete(ctx, "i", "o", []byte("rec"), time.Minute)
+	})},
+	acquireOp("acquire takes issued", "i", "o", storage.Acquired),
+	{"complete taken from an issue", func(ctx context.Context, s *redisstore.Store) error {
+		return s.Complete(ctx, "i", "o", []byte("rec"), time.Minute)
+	}},
+	acquireIssuedOp("acquire issued done", "i", "o2", storage.Done),
 }
 
 // TestOneRoundTripEach counts the commands each operation sends, once the
@@ -170,7 +197,7 @@ func TestOneRoundTripEach(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Index of the first use of each script in everyOutcome.
-		first := map[int]bool{0: true, 3: true, 5: true, 6: true}
+		first := map[int]bool{0: true, 3: true, 5: true, 6: true, 13: true, 15: true}
 		check := func(i int) int64 {
 			if i == 0 {
 				return 1
@@ -216,8 +243,29 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 	check("app:sub", "P\x00o", time.Millisecond)
 	s.Acquire(ctx, "k", "other", "x", time.Minute) // a replay changes nothing
 	check("app:k", "D\x02fp\x00\x01\x02", 36*time.Hour)
-	if keys := mr.Keys(); len(keys) != 2 {
-		t.Fatalf("keys %q, want app:k and app:sub only", keys)
+
+	// Issued keys.
+	s.Issue(ctx, "i", 90*time.Minute)
+	check("app:i", "I5400000", 90*time.Minute)
+	s.Issue(ctx, "i", time.Minute) // exists: changes nothing
+	check("app:i", "I5400000", 90*time.Minute)
+	s.AcquireIssued(ctx, "i", "owner", "fp", 30*time.Second)
+	check("app:i", "Q\x02fp\x075400000owner", 30*time.Second)
+	s.AcquireIssued(ctx, "i", "owner", "fp", time.Minute) // renewed
+	check("app:i", "Q\x02fp\x075400000owner", time.Minute)
+	s.Extend(ctx, "i", "owner", 1001*time.Microsecond) // rounded up
+	check("app:i", "Q\x02fp\x075400000owner", 2*time.Millisecond)
+	s.Release(ctx, "i", "owner") // back to issued, for the issue's whole TTL
+	check("app:i", "I5400000", 90*time.Minute)
+	s.Acquire(ctx, "i", "o", "", time.Second) // Acquire takes it too
+	check("app:i", "Q\x00\x075400000o", time.Second)
+	s.Complete(ctx, "i", "o", []byte("r"), time.Hour)
+	check("app:i", "D\x00r", time.Hour)
+	s.Issue(ctx, "sub-i", time.Nanosecond) // rounded up
+	check("app:sub-i", "I1", time.Millisecond)
+	s.AcquireIssued(ctx, "never", "o", "", time.Minute) // writes nothing
+	if keys := mr.Keys(); len(keys) != 4 {
+		t.Fatalf("keys %q, want app:k, app:sub, app:i and app:sub-i only", keys)
 	}
 
 	// The default prefix.
@@ -246,8 +294,8 @@ func TestEveryKeyHasTTLOnRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 3 {
-		t.Fatalf("keys %q, want k, sub and held", keys)
+	if len(keys) != 4 {
+		t.Fatalf("keys %q, want k, i, sub and held", keys)
 	}
 	for _, k := range keys {
 		if d, err := rdb.PTTL(ctx, k).Result(); err != nil || d <= 0 {
@@ -274,6 +322,11 @@ func TestServerErrors(t *testing.T) {
 		"complete": func() error { return s.Complete(ctx, "k", "o", []byte("r"), time.Minute) },
 		"release":  func() error { return s.Release(ctx, "k", "o") },
 		"extend":   func() error { return s.Extend(ctx, "k", "o", time.Minute) },
+		"issue":    func() error { return s.Issue(ctx, "k", time.Minute) },
+		"acquire issued": func() error {
+			_, err := s.AcquireIssued(ctx, "k", "o", "", time.Minute)
+			return err
+		},
 	}
 	check := func(when string) {
 		t.Helper()
@@ -346,6 +399,9 @@ func TestCorruptValue(t *testing.T) {
 		s := redisstore.New(rdb, redisstore.WithPrefix(p))
 		for _, v := range []string{
 			"", "garbage", "D", "P", "P\x00", "P\x02fp", "X\x00abc", "D\x09short", "\x00\x00",
+			"I", "I0", "I01", "I-5", "I5x", "I 5", "I1.5", "I1e3", "I1234567890123456", "i5",
+			"Q", "Q\x00", "Q\x00\x00o", "Q\x00\x015", "Q\x00\x025", "Q\x02fp\x025o", "Q\x00\x010o", "Q\x00\x02x1o",
+			"Q\x09short", "Q\x00\x00", "Q\x00\x1012345678901234567o",
 		} {
 			if err := rdb.Set(ctx, p+"bad", v, time.Minute).Err(); err != nil {
 				t.Fatal(err)
@@ -355,6 +411,11 @@ func TestCorruptValue(t *testing.T) {
 				"complete": func() error { return s.Complete(ctx, "bad", "o", []byte("r"), time.Minute) },
 				"release":  func() error { return s.Release(ctx, "bad", "o") },
 				"extend":   func() error { return s.Extend(ctx, "bad", "o", time.Minute) },
+				"issue":    func() error { return s.Issue(ctx, "bad", time.Minute) },
+				"acquire issued": func() error {
+					_, err := s.AcquireIssued(ctx, "bad", "o", "", time.Minute)
+					return err
+				},
 			} {
 				err := f()
 				if err == nil || errors.Is(err, storage.ErrNotOwner) || !strings.Contains(err.Error(), "not an idem entry") {
@@ -407,6 +468,20 @@ func TestScriptsAreSafeToRunTwice(t *testing.T) {
 		twice("complete", func() error { return s.Complete(ctx, "k", "o", []byte("r"), time.Minute) })
 		s.Acquire(ctx, "k2", "o", "fp", time.Minute)
 		twice("release", func() error { return s.Release(ctx, "k2", "o") })
+		if err := s.Issue(ctx, "i", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		twice("acquire issued", func() error {
+			res, err := s.AcquireIssued(ctx, "i", "o", "fp", time.Minute)
+			if err == nil && res.State != storage.Acquired {
+				return errors.New(res.State.String())
+			}
+			return err
+		})
+		twice("release to issued", func() error { return s.Release(ctx, "i", "o") })
+		if err := s.Issue(ctx, "i", time.Minute); !errors.Is(err, storage.ErrExists) {
+			t.Fatalf("Issue after the release: %v, want ErrExists (issued again)", err)
+		}
 	})
 }
 
