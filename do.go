@@ -76,7 +76,7 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 	putHasher(h)
 	skey, owner := ids[:storageKeyLen], ids[storageKeyLen:]
 
-	res, o, e := m.acquire(ctx, op, skey, owner, "")
+	res, o, e := m.acquire(ctx, op, skey, owner, "", false)
 	switch o {
 	case Executed:
 		f := finish{m: m, ctx: ctx, route: op, start: start, skey: skey, owner: owner}

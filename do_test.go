@@ -354,3 +354,16 @@ func TestDoLeaseAndBackgroundCompletion(t *testing.T) {
 		}
 	})
 }
+
+// The options of requests do not apply to Do: on a middleware that accepts
+// issued keys only, Do takes any key. (A first version took Do's key as
+// one that must have been issued, and refused it.)
+func TestDoIgnoresIssuedKeys(t *testing.T) {
+	m, _ := newDoMiddleware(t, idem.WithIssuedKeys(time.Hour))
+	for range 2 {
+		res, err := m.Do(context.Background(), "op", "msg-1", func(context.Context) ([]byte, error) { return []byte("ok"), nil })
+		if err != nil || string(res) != "ok" {
+			t.Fatalf("Do on a middleware WithIssuedKeys: %q %v", res, err)
+		}
+	}
+}

@@ -209,7 +209,7 @@ type exchange struct {
 func (x *exchange) run(next Next) {
 	m := x.m
 	skey, owner, fp := requestIDs(&m.cfg, x.r, x.route, x.key, x.body)
-	res, o, e := m.acquire(x.r.Context(), x.route, skey, owner, fp)
+	res, o, e := m.acquire(x.r.Context(), x.route, skey, owner, fp, m.issuer != nil)
 	switch o {
 	case Executed:
 		x.execute(next, skey, owner)
@@ -229,11 +229,12 @@ func (x *exchange) run(next Next) {
 // Executed (run under the lease), Replayed (answer with res.Record),
 // FailedOpen (the store failed: run unprotected, e says why), or any
 // other outcome: refuse with e. route is the route (or operation) whose
-// handler durations estimate Retry-After.
-func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string) (res storage.Result, o Outcome, e *Error) {
-	res, err := m.take(ctx, skey, owner, fp)
+// handler durations estimate Retry-After; issued says the key must have
+// been issued (WithIssuedKeys).
+func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string, issued bool) (res storage.Result, o Outcome, e *Error) {
+	res, err := m.take(ctx, skey, owner, fp, issued)
 	if err == nil && res.State == storage.InFlight && m.cfg.wait > 0 && res.Fingerprint == fp {
-		res, err = m.wait(ctx, res, skey, owner, fp)
+		res, err = m.wait(ctx, res, skey, owner, fp, issued)
 	}
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -257,10 +258,10 @@ func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string)
 	return res, Replayed, nil
 }
 
-// take is one Acquire: AcquireIssued when the middleware accepts issued
-// keys only (WithIssuedKeys).
-func (m *Middleware) take(ctx context.Context, skey, owner, fp string) (storage.Result, error) {
-	if m.issuer != nil {
+// take is one Acquire, or AcquireIssued for a key that must have been
+// issued.
+func (m *Middleware) take(ctx context.Context, skey, owner, fp string, issued bool) (storage.Result, error) {
+	if issued {
 		return m.issuer.AcquireIssued(ctx, skey, owner, fp, m.cfg.lease)
 	}
 	return m.store.Acquire(ctx, skey, owner, fp, m.cfg.lease)
@@ -269,7 +270,7 @@ func (m *Middleware) take(ctx context.Context, skey, owner, fp string) (storage.
 // wait polls the store until the execution in flight finishes or the wait
 // ends, starting from the InFlight result res. It returns the last Acquire
 // result, or ctx's error when ctx ends first.
-func (m *Middleware) wait(ctx context.Context, res storage.Result, skey, owner, fp string) (storage.Result, error) {
+func (m *Middleware) wait(ctx context.Context, res storage.Result, skey, owner, fp string, issued bool) (storage.Result, error) {
 	deadline := time.Now().Add(m.cfg.wait)
 	delay := 5 * time.Millisecond
 	t := time.NewTimer(time.Hour)
@@ -287,7 +288,7 @@ func (m *Middleware) wait(ctx context.Context, res storage.Result, skey, owner, 
 		}
 		delay = min(2*delay, 200*time.Millisecond)
 		var err error
-		if res, err = m.take(ctx, skey, owner, fp); err != nil {
+		if res, err = m.take(ctx, skey, owner, fp, issued); err != nil {
 			return res, err
 		}
 	}
