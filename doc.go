@@ -9,8 +9,9 @@
 //
 // This package is the framework-neutral core. Use it through an adapter:
 // github.com/idemkit/idem/nethttp, .../ginidem or .../echoidem, with a store
-// from github.com/idemkit/idem/storage/memstore (one process) or
-// .../storage/redisstore (every instance of a service).
+// from github.com/idemkit/idem/storage/memstore (one process),
+// .../storage/redisstore or .../storage/pgstore (every instance of a
+// service).
 //
 // # Lifecycle of a protected request
 //
@@ -29,6 +30,17 @@
 //     request's context ended. A failed store call is retried in the
 //     background for up to one lease; [Middleware.Shutdown] waits for
 //     those retries, so call it after http.Server.Shutdown in a deploy.
+//
+// # Other routes to the same protocol
+//
+// The key may come from elsewhere in the request, as providers' callbacks
+// carry it ([WithKey]: a JSON field, a form field, another header). It may
+// be issued by the server with a form and accepted only once it was
+// ([WithIssuedKeys], [Middleware.IssueKey]): a double submit then gets the
+// first submit's page. And work that arrives without HTTP, such as a
+// queue's redelivered messages, runs once per key through [Middleware.Do],
+// which takes the same steps as a request, with a function's result in
+// place of a response.
 //
 // Refusals are RFC 9457 problem responses whose Kind is one of the Err
 // values below, so tests and error writers can use errors.Is.
