@@ -58,11 +58,14 @@
 //
 // # States
 //
-// An entry is one row (see [Schema]): processing (an execution holds the
-// lease), committed (the execution's transaction committed with Fence) or
-// done (it holds the response). The committed state changes the
-// [storage.Store] protocol in these ways, and only for the owner that
-// fenced:
+// An entry is one row (see [Schema]): issued (by [Store.Issue]: a
+// [storage.Issuer]'s key that no execution has taken yet), processing (an
+// execution holds the lease), committed (the execution's transaction
+// committed with Fence) or done (it holds the response). A processing row
+// taken from an issue keeps the issue's TTL (the column issue_ttl), to
+// become issued again when released; once committed or done, it forgets
+// it. The committed state changes the [storage.Store] protocol in these
+// ways, and only for the owner that fenced:
 //
 //   - The entry lives for the TTL from the Fence, and keeps the lease of
 //     the execution that committed it (the column held_until), which the
@@ -82,7 +85,8 @@
 //     application's change committed, so a retry must not run the handler
 //     again, whatever the handler answered afterwards (an error status,
 //     which the middleware does not store, or a panic). It ends the lease,
-//     so that a retry gets ErrNotReplayable at once.
+//     so that a retry gets ErrNotReplayable at once. An entry taken from
+//     an issue is no exception: committed, it never becomes issued again.
 //
 // # The statements
 //
@@ -110,6 +114,10 @@
 // not free, returns no row then, and the SELECT that would have to find
 // it reads the statement's snapshot, which misses a row committed by a
 // concurrent Acquire meanwhile: such an Acquire would answer nothing.)
+// AcquireIssued is the same, with an UPDATE of the key's live row instead
+// of the INSERT, so that it creates nothing: it finds no row when the key
+// was not issued. Issue is an INSERT ... ON CONFLICT DO UPDATE ... WHERE
+// that replaces only an expired row.
 //
 // On a loopback server without fsync (2 cores, one goroutine,
 // BenchmarkStore), a first execution's two statements take about 0.21 ms,

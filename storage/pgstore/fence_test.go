@@ -128,9 +128,117 @@ func (a *app) order(ctx context.Context, between func(), end func(pgx.Tx) error)
 func commit(tx pgx.Tx) error   { return tx.Commit(context.Background()) }
 func rollback(tx pgx.Tx) error { return tx.Rollback(context.Background()) }
 
-// Fence is a method on the pgstore.Store; app.store wraps it.
+// Fence is a method on the pgstore.Store; app.store wraps it (through
+// issuing, in some tests).
 func (d *dying) Fence(ctx context.Context, tx pgx.Tx) error {
-	return d.Store.(*pgstore.Store).Fence(ctx, tx)
+	return d.Store.(interface {
+		Fence(context.Context, pgx.Tx) error
+	}).Fence(ctx, tx)
+}
+
+// issuing makes every entry the middleware acquires one taken from an
+// issue: its Acquire issues the key (unless it has an entry) and takes it
+// with AcquireIssued.
+type issuing struct{ *pgstore.Store }
+
+func (s issuing) Acquire(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	if err := s.Issue(ctx, key, time.Hour); err != nil && !errors.Is(err, storage.ErrExists) {
+		return storage.Result{}, err
+	}
+	return s.AcquireIssued(ctx, key, owner, fp, lease)
+}
+
+// newIssuingApp is newApp whose middleware acquires entries taken from an
+// issue.
+func newIssuingApp(t *testing.T) *app {
+	t.Helper()
+	a := newApp(t)
+	a.store = &dying{Store: issuing{a.db.store}}
+	m, err := idem.New(a.store, idem.WithLease(time.Minute), idem.WithTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := m.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	a.m = m
+	return a
+}
+
+// TestFenceIssued: Fence works on an entry taken from an issue as on any
+// other. Committed, the entry is never issued again: the middleware's
+// Release after a failure leaves it committed, Issue finds it, and a
+// retry gets ErrNotReplayable. Rolled back, it is the issued-origin entry
+// in flight again, which the Release makes issued again, and a retry
+// runs the handler.
+func TestFenceIssued(t *testing.T) {
+	t.Run("committed", func(t *testing.T) {
+		a := newIssuingApp(t)
+		ctx := context.Background()
+		var info idem.Info
+		w := a.serve("k", func(hctx context.Context) error {
+			info, _ = idem.FromContext(hctx)
+			if err := a.order(hctx, nil, commit); err != nil {
+				t.Errorf("order: %v", err)
+			}
+			return errors.New("the handler failed after its commit")
+		})
+		if w.Code != http.StatusInternalServerError {
+			t.Fatalf("first: %d %q", w.Code, w.Body)
+		}
+		key := info.StorageKey
+		if s := a.state(key); s != "committed" {
+			t.Fatalf("entry %q after the middleware released it, want committed", s)
+		}
+		if err := a.db.store.Release(ctx, key, info.Owner); err != nil {
+			t.Fatalf("Release resent by the owner: %v", err)
+		}
+		if s := a.state(key); s != "committed" {
+			t.Fatalf("entry %q after a second Release, want committed", s)
+		}
+		if err := a.db.store.Issue(ctx, key, time.Hour); !errors.Is(err, storage.ErrExists) {
+			t.Fatalf("Issue of a committed entry: %v, want ErrExists", err)
+		}
+		wantNotReplayable(t, must(a.db.store.AcquireIssued(ctx, key, "o2", "fp", time.Minute)))
+		wantNotReplayable409(t, a.serve("k", func(context.Context) error { return nil }))
+		if n, runs := a.ordersCount(), a.runs.Load(); n != 1 || runs != 1 {
+			t.Fatalf("%d orders, %d runs, want 1 and 1", n, runs)
+		}
+	})
+	t.Run("rolled back", func(t *testing.T) {
+		a := newIssuingApp(t)
+		var key string
+		w := a.serve("k", func(hctx context.Context) error {
+			info, _ := idem.FromContext(hctx)
+			key = info.StorageKey
+			if err := a.order(hctx, nil, rollback); err != nil {
+				t.Errorf("order: %v", err)
+			}
+			if s := a.state(key); s != "processing" {
+				t.Errorf("entry %q after the rollback, want processing", s)
+			}
+			return errors.New("the handler failed")
+		})
+		if w.Code != http.StatusInternalServerError {
+			t.Fatalf("first: %d %q", w.Code, w.Body)
+		}
+		if s := a.state(key); s != "issued" {
+			t.Fatalf("entry %q after the middleware released it, want issued", s)
+		}
+		if w := a.serve("k", func(ctx context.Context) error { return a.order(ctx, nil, commit) }); w.Code != http.StatusCreated {
+			t.Fatalf("retry: %d %q", w.Code, w.Body)
+		}
+		if n, runs := a.ordersCount(), a.runs.Load(); n != 1 || runs != 2 {
+			t.Fatalf("%d orders, %d runs, want 1 and 2", n, runs)
+		}
+		if s := a.state(key); s != "done" {
+			t.Fatalf("entry %q after the retry, want done", s)
+		}
+	})
 }
 
 func (a *app) ordersCount() int {

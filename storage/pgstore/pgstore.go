@@ -48,7 +48,10 @@ type Store struct {
 	once    sync.Once
 }
 
-var _ storage.Store = (*Store)(nil)
+var (
+	_ storage.Store  = (*Store)(nil)
+	_ storage.Issuer = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*config)
@@ -172,11 +175,13 @@ func Schema(name string) (string, error) {
 }
 
 // schemaFor writes schema.sql for table id: the index's name is the
-// table's (without schema) and "_expires_idx".
+// table's (without schema) and "_expires_idx", and the name of the CHECK
+// on state (in a comment), the table's and "_state_check".
 func schemaFor(id pgx.Identifier) string {
-	const index = "idem_keys_expires_idx"
+	const index, check = "idem_keys_expires_idx", "idem_keys_state_check"
 	r := strings.NewReplacer(
 		index, pgx.Identifier{id[len(id)-1] + "_expires_idx"}.Sanitize(),
+		check, pgx.Identifier{id[len(id)-1] + "_state_check"}.Sanitize(),
 		DefaultTable, id.Sanitize(),
 	)
 	return r.Replace(schemaSQL)
@@ -199,7 +204,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 
 // statements are the SQL of the store's operations on its table.
 type statements struct {
-	schema, acquire, complete, release, extend, fence, cleanup string
+	schema, acquire, acquireIssued, issue, complete, release, extend, fence, cleanup string
 }
 
 // newStatements writes the statements for table id. A clock other than ""
@@ -211,13 +216,15 @@ func newStatements(id pgx.Identifier, clock string) statements {
 	}
 	f := r.Replace
 	return statements{
-		schema:   schemaFor(id),
-		acquire:  f(acquireSQL),
-		complete: f(completeSQL),
-		release:  f(releaseSQL),
-		extend:   f(extendSQL),
-		fence:    f(fenceSQL),
-		cleanup:  f(cleanupSQL),
+		schema:        schemaFor(id),
+		acquire:       f(acquireSQL),
+		acquireIssued: f(acquireIssuedSQL),
+		issue:         f(issueSQL),
+		complete:      f(completeSQL),
+		release:       f(releaseSQL),
+		extend:        f(extendSQL),
+		fence:         f(fenceSQL),
+		cleanup:       f(cleanupSQL),
 	}
 }
 
@@ -249,25 +256,27 @@ func newStatements(id pgx.Identifier, clock string) statements {
 // be empty.) The price is a new row version per Acquire that finds the key
 // in flight, and per Acquire that finds a done or committed row committed
 // during the statement. The sub-select reads the clock once, after the row
-// lock is held, and decides once whether the row is taken: it has expired,
-// or it is processing and held by the same owner (a resend). Otherwise every
-// column keeps its value.
+// lock is held, and decides once whether the row is taken: it has expired
+// (gone: it starts afresh, not issued), it is issued (it keeps issue_ttl),
+// or it is processing and held by the same owner (a resend). Otherwise
+// every column keeps its value.
 const acquireSQL = `WITH cur AS (
   SELECT e.state, e.fingerprint, e.record, e.held_until FROM {table} e
-  WHERE e.key = $1 AND e.state <> 'processing' AND e.expires > clock_timestamp()
+  WHERE e.key = $1 AND e.state IN ('committed', 'done') AND e.expires > clock_timestamp()
 ), ins AS (
   INSERT INTO {table} AS e (key, state, owner, fingerprint, expires)
   SELECT $1, 'processing', $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond'
   WHERE NOT EXISTS (SELECT FROM cur)
-  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, held_until, record) = (
+  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, held_until, record, issue_ttl) = (
     SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
            CASE WHEN x.take THEN excluded.owner ELSE e.owner END,
            CASE WHEN x.take THEN excluded.fingerprint ELSE e.fingerprint END,
            CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END,
            CASE WHEN x.take THEN NULL ELSE e.held_until END,
-           CASE WHEN x.take THEN NULL ELSE e.record END
-    FROM (SELECT c.now, e.expires <= c.now OR (e.state = 'processing' AND e.owner = excluded.owner) AS take
-          FROM (SELECT clock_timestamp() AS now) c) x)
+           CASE WHEN x.take THEN NULL ELSE e.record END,
+           CASE WHEN x.gone THEN NULL ELSE e.issue_ttl END
+    FROM (SELECT y.now, y.gone, y.gone OR e.state = 'issued' OR (e.state = 'processing' AND e.owner = excluded.owner) AS take
+          FROM (SELECT c.now, e.expires <= c.now AS gone FROM (SELECT clock_timestamp() AS now) c) y) x)
   RETURNING e.state, e.owner = $2 AS mine, e.fingerprint, e.expires, e.held_until, e.record
 ), out AS (
   SELECT state, false AS mine, fingerprint, record, held_until AS until FROM cur
@@ -280,6 +289,56 @@ SELECT state, mine, fingerprint, record,
             ELSE 0 END::bigint
 FROM out`
 
+// acquireIssuedSQL: $3 fingerprint, $4 lease. It answers as acquireSQL
+// does, or no row when the key has no live entry (not issued): it creates
+// none.
+//
+// cur is acquireSQL's. Otherwise upd takes the row lock on the key's live
+// row, if the snapshot holds one: an UPDATE that waits for a concurrent
+// writer re-checks its WHERE on the newest version of the row (READ
+// COMMITTED), so a row taken, released or completed meanwhile is answered
+// as it is now, and one deleted or expired meanwhile as not issued. Like
+// acquireSQL's DO UPDATE, it always updates a live row, so that RETURNING
+// gives it, and takes it when it is issued or processing and held by the
+// same owner (a resend). A row inserted by a concurrent statement after
+// the snapshot is not seen: the answer, not issued, was true when the
+// statement started.
+const acquireIssuedSQL = `WITH cur AS (
+  SELECT e.state, e.fingerprint, e.record, e.held_until FROM {table} e
+  WHERE e.key = $1 AND e.state IN ('committed', 'done') AND e.expires > clock_timestamp()
+), upd AS (
+  UPDATE {table} e SET (state, owner, fingerprint, expires) = (
+    SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
+           CASE WHEN x.take THEN $2::bytea ELSE e.owner END,
+           CASE WHEN x.take THEN $3::bytea ELSE e.fingerprint END,
+           CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END
+    FROM (SELECT c.now, e.state = 'issued' OR (e.state = 'processing' AND e.owner = $2::bytea) AS take
+          FROM (SELECT clock_timestamp() AS now) c) x)
+  WHERE e.key = $1 AND e.expires > clock_timestamp() AND NOT EXISTS (SELECT FROM cur)
+  RETURNING e.state, e.owner = $2::bytea AS mine, e.fingerprint, e.expires, e.held_until, e.record
+), out AS (
+  SELECT state, false AS mine, fingerprint, record, held_until AS until FROM cur
+  UNION ALL
+  SELECT state, mine, fingerprint, record, CASE WHEN state = 'processing' THEN expires ELSE held_until END FROM upd
+)
+SELECT state, mine, fingerprint, record,
+       CASE WHEN state = 'processing' THEN greatest(ceil(extract(epoch FROM until - clock_timestamp()) * 1000), 1)
+            WHEN until > clock_timestamp() THEN ceil(extract(epoch FROM until - clock_timestamp()) * 1000)
+            ELSE 0 END::bigint
+FROM out`
+
+// issueSQL: $2 TTL. One row affected: issued. INSERT ... ON CONFLICT DO
+// UPDATE takes the row lock on a row that holds the key, and replaces it
+// only when it has expired (its WHERE is checked on the locked, newest
+// version); a live row, in any state, is left as it is: no row affected,
+// ErrExists.
+const issueSQL = `INSERT INTO {table} AS e (key, state, owner, fingerprint, expires, issue_ttl)
+VALUES ($1, 'issued', '', '', clock_timestamp() + $2::bigint * interval '1 millisecond', $2::bigint)
+ON CONFLICT (key) DO UPDATE SET
+  state = 'issued', owner = '', fingerprint = '', held_until = NULL, record = NULL,
+  expires = clock_timestamp() + $2::bigint * interval '1 millisecond', issue_ttl = $2::bigint
+WHERE e.expires <= clock_timestamp()`
+
 // completeSQL: $3 record, $4 TTL. One row affected: done.
 //
 // The owner's processing or committed entry becomes done; a done entry
@@ -291,6 +350,7 @@ FROM out`
 const completeSQL = `UPDATE {table} e SET
   state = 'done',
   held_until = NULL,
+  issue_ttl = NULL,
   record = CASE WHEN e.state = 'done' THEN e.record ELSE $3 END,
   expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
 WHERE e.key = $1 AND e.expires > clock_timestamp()
@@ -299,27 +359,39 @@ WHERE e.key = $1 AND e.expires > clock_timestamp()
 // releaseSQL answers one boolean: true when nothing of the caller is held
 // by anyone else (nil), false for ErrNotOwner.
 //
-// del deletes the owner's processing row (expired or not). A committed row
-// is never deleted: its transaction committed the application's change;
-// unheld ends the lease of the owner's committed row instead, so that a
-// retry is answered at once (the response will not be stored), not after
-// the lease. The two never touch the same row: their states differ.
-// The check reads the snapshot: a live row that is neither the owner's
-// processing nor committed row means ErrNotOwner. When del found the
-// owner's row changed meanwhile (taken by another owner after its lease, or
-// committed by the owner's Fence), the snapshot still shows the owner's
-// processing row and the answer is nil, true of the time the statement
-// started. A row inserted by another owner during the statement is not seen
-// either: nothing of the caller's was held, nil again.
+// del deletes the owner's processing row (expired or not), unless it was
+// taken from an issue and is live: back makes that one issued again, for
+// the issue's TTL from now. (An expired one is spent: deleted. A row that
+// expires between the two checks could match both, and only one of the
+// two changes it: either is a true answer at that instant.) A committed
+// row is never deleted: its transaction committed the application's
+// change; unheld ends the lease of the owner's committed row instead, so
+// that a retry is answered at once (the response will not be stored), not
+// after the lease. del and back never touch the committed row, nor unheld
+// a processing one: their states differ. The check reads the snapshot: a
+// live row that is neither issued nor the owner's processing or committed
+// row means ErrNotOwner. When del or back found the owner's row changed
+// meanwhile (taken by another owner after its lease, or committed by the
+// owner's Fence), the snapshot still shows the owner's processing row and
+// the answer is nil, true of the time the statement started. A row
+// inserted by another owner during the statement is not seen either:
+// nothing of the caller's was held, nil again.
 const releaseSQL = `WITH del AS (
   DELETE FROM {table} e WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
+    AND (e.issue_ttl IS NULL OR e.expires <= clock_timestamp())
+  RETURNING 1
+), back AS (
+  UPDATE {table} e SET state = 'issued', owner = '', fingerprint = '',
+    expires = clock_timestamp() + e.issue_ttl * interval '1 millisecond'
+  WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
+    AND e.issue_ttl IS NOT NULL AND e.expires > clock_timestamp()
   RETURNING 1
 ), unheld AS (
   UPDATE {table} e SET held_until = NULL WHERE e.key = $1 AND e.owner = $2 AND e.state = 'committed'
   RETURNING 1
 )
-SELECT EXISTS (SELECT FROM del) OR EXISTS (SELECT FROM unheld) OR NOT EXISTS (
-  SELECT FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp()
+SELECT EXISTS (SELECT FROM del) OR EXISTS (SELECT FROM back) OR EXISTS (SELECT FROM unheld) OR NOT EXISTS (
+  SELECT FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp() AND e.state <> 'issued'
     AND NOT (e.owner = $2 AND e.state IN ('processing', 'committed')))`
 
 // extendSQL: $3 lease. One row affected: extended. A processing row's
@@ -335,9 +407,11 @@ WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND
 
 // fenceSQL: $3 TTL. One row affected: the caller's transaction holds the
 // row lock and the entry is committed in it, held until the end of the
-// lease (SET reads the row as it was).
+// lease (SET reads the row as it was). An entry taken from an issue
+// forgets it: committed, it is never issued again.
 const fenceSQL = `UPDATE {table} e SET
   state = 'committed',
+  issue_ttl = NULL,
   held_until = CASE WHEN e.state = 'processing' THEN e.expires ELSE e.held_until END,
   expires = clock_timestamp() + $3::bigint * interval '1 millisecond'
 WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
@@ -386,13 +460,23 @@ func bytes(s string) []byte {
 // answers 409 with Retry-After, or waits), and then done, with the
 // encoding of response.Record{NotReplayable: true} as its record (the
 // response is taken as lost: 409 ErrNotReplayable, or WithRebuild's
-// answer). Errors wrap
-// [storage.ErrInvalid], or say that the database could not be reached or
-// failed.
+// answer). Given an issued entry, it takes it as AcquireIssued does.
+// Errors wrap [storage.ErrInvalid], or say that the database could not be
+// reached or failed.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
 		return storage.Result{}, fmt.Errorf("pgstore: acquire: %w", err)
 	}
+	res, err := s.acquire(ctx, s.sql.acquire, key, owner, fingerprint, lease)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("pgstore: acquire: %w", err)
+	}
+	return res, nil
+}
+
+// acquire runs the statement q, acquireSQL or acquireIssuedSQL, and maps
+// the row it answers. Its error is pgx.ErrNoRows when there is none.
+func (s *Store) acquire(ctx context.Context, q, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	var (
 		state  string
 		mine   bool
@@ -400,10 +484,10 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 		record []byte
 		left   int64
 	)
-	err := s.pool.QueryRow(ctx, s.sql.acquire, bytes(key), bytes(owner), bytes(fingerprint), ms(lease)).
+	err := s.pool.QueryRow(ctx, q, bytes(key), bytes(owner), bytes(fingerprint), ms(lease)).
 		Scan(&state, &mine, &fp, &record, &left)
 	if err != nil {
-		return storage.Result{}, fmt.Errorf("pgstore: acquire: %w", err)
+		return storage.Result{}, err
 	}
 	switch {
 	case state == "processing" && mine:
@@ -417,7 +501,46 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	case state == "done" && record != nil:
 		return storage.Result{State: storage.Done, Fingerprint: string(fp), Record: record}, nil
 	}
-	return storage.Result{}, fmt.Errorf("pgstore: acquire: unexpected row: state %q", state)
+	return storage.Result{}, fmt.Errorf("unexpected row: state %q", state)
+}
+
+// AcquireIssued implements [storage.Issuer.AcquireIssued]. A committed
+// entry is answered as Acquire answers it. Errors wrap
+// [storage.ErrInvalid], or say that the database could not be reached or
+// failed.
+func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("pgstore: acquire issued: %w", err)
+	}
+	res, err := s.acquire(ctx, s.sql.acquireIssued, key, owner, fingerprint, lease)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return storage.Result{State: storage.NotIssued}, nil
+	}
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("pgstore: acquire issued: %w", err)
+	}
+	return res, nil
+}
+
+// Issue implements [storage.Issuer.Issue]: it inserts an issued row, or
+// replaces an expired row of any state. Errors wrap [storage.ErrExists] or
+// [storage.ErrInvalid], or say that the database could not be reached or
+// failed.
+func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("pgstore: issue: %w: empty key", storage.ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("pgstore: issue: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.issue, bytes(key), ms(ttl))
+	if err != nil {
+		return fmt.Errorf("pgstore: issue: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: issue: %w", storage.ErrExists)
+	}
+	return nil
 }
 
 // Complete implements [storage.Store.Complete]. It also completes the
@@ -444,6 +567,8 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 // Release implements [storage.Store.Release], with one exception: the
 // owner's committed entry (see [Store.Fence]) is not deleted; its lease
 // ends (a retry gets ErrNotReplayable at once), and Release returns nil.
+// An entry taken from an issue becomes issued again, for the issue's
+// whole TTL, unless it was committed.
 // Errors wrap [storage.ErrNotOwner], or say that the database
 // could not be reached or failed.
 func (s *Store) Release(ctx context.Context, key, owner string) error {

@@ -173,7 +173,8 @@ func TestTableNames(t *testing.T) {
 		t.Errorf("Schema(\"\"): %v\n%s", err, def)
 	}
 	q, _ := pgstore.Schema("app.keys")
-	if !strings.Contains(q, `CREATE TABLE IF NOT EXISTS "app"."keys"`) || !strings.Contains(q, `"keys_expires_idx" ON "app"."keys"`) {
+	if !strings.Contains(q, `CREATE TABLE IF NOT EXISTS "app"."keys"`) || !strings.Contains(q, `"keys_expires_idx" ON "app"."keys"`) ||
+		!strings.Contains(q, `DROP CONSTRAINT "keys_state_check"`) || strings.Contains(q, "idem_keys") {
 		t.Errorf("Schema(app.keys):\n%s", q)
 	}
 }
@@ -244,6 +245,10 @@ func TestCheckConstraints(t *testing.T) {
 		"INSERT INTO {table} (key, state, owner, fingerprint, expires) VALUES ('a', 'other', 'o', '', now() + interval '1 hour')",
 		"INSERT INTO {table} (key, state, owner, fingerprint, expires) VALUES ('a', 'done', 'o', '', now() + interval '1 hour')",
 		"INSERT INTO {table} (key, state, owner, fingerprint, expires, record) VALUES ('a', 'processing', 'o', '', now() + interval '1 hour', 'r')",
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires) VALUES ('a', 'issued', '', '', now() + interval '1 hour')",
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires, issue_ttl) VALUES ('a', 'issued', '', '', now() + interval '1 hour', 0)",
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires, record, issue_ttl) VALUES ('a', 'done', 'o', '', now() + interval '1 hour', 'r', 1000)",
+		"INSERT INTO {table} (key, state, owner, fingerprint, expires, issue_ttl) VALUES ('a', 'committed', 'o', '', now() + interval '1 hour', 1000)",
 	} {
 		if _, err := d.pool.Exec(ctx, strings.ReplaceAll(q, "{table}", d.ident())); err == nil {
 			t.Errorf("%s: accepted", q)
@@ -304,6 +309,149 @@ func TestRoundTrips(t *testing.T) {
 	})
 	count("Extend", 1, func() { must(s.Extend(ctx, "k2", "o1", time.Minute)) })
 	count("Release", 1, func() { must(s.Release(ctx, "k2", "o1")) })
+
+	// Issued keys: prepare the statements, then count.
+	s.Issue(ctx, "warm-i", time.Hour)
+	s.AcquireIssued(ctx, "warm-i", "o", "fp", time.Minute)
+	count("Issue", 1, func() { must(s.Issue(ctx, "i", time.Hour)) })
+	count("first execution of an issued key (AcquireIssued, Complete)", 2, func() {
+		res, err := s.AcquireIssued(ctx, "i", "o1", "fp", time.Minute)
+		must(err)
+		if res.State != storage.Acquired {
+			t.Fatalf("AcquireIssued: %v", res.State)
+		}
+		must(s.Complete(ctx, "i", "o1", []byte("record"), time.Hour))
+	})
+	count("replay of an issued key (AcquireIssued)", 1, func() {
+		if res, err := s.AcquireIssued(ctx, "i", "o2", "fp", time.Minute); err != nil || res.State != storage.Done {
+			t.Fatalf("AcquireIssued: %+v, %v", res, err)
+		}
+	})
+	count("not issued (AcquireIssued)", 1, func() {
+		if res, err := s.AcquireIssued(ctx, "never", "o2", "fp", time.Minute); err != nil || res.State != storage.NotIssued {
+			t.Fatalf("AcquireIssued: %+v, %v", res, err)
+		}
+	})
+	count("Release back to issued", 1, func() {
+		must(s.Issue(ctx, "i2", time.Hour))
+		if res, err := s.AcquireIssued(ctx, "i2", "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatalf("AcquireIssued: %+v, %v", res, err)
+		}
+		c.Reset()
+		must(s.Release(ctx, "i2", "o1"))
+	})
+	if st := d.state("i2"); st != "issued" {
+		t.Fatalf("i2 is %q after Release, want issued", st)
+	}
+}
+
+// beforeIssuedKeys is the table of the version before issued keys, as
+// its schema.sql made it ({table} for its name), without comments.
+const beforeIssuedKeys = `CREATE TABLE {table} (
+    key         bytea       NOT NULL PRIMARY KEY,
+    state       text        NOT NULL CHECK (state IN ('processing', 'committed', 'done')),
+    owner       bytea       NOT NULL,
+    fingerprint bytea       NOT NULL,
+    expires     timestamptz NOT NULL,
+    held_until  timestamptz,
+    record      bytea,
+    CHECK ((state = 'done') = (record IS NOT NULL))
+);
+CREATE INDEX ON {table} (expires);`
+
+// migration returns the ALTER TABLE statements that the schema's comments
+// give for a table of the version before issued keys, uncommented.
+func migration(t *testing.T, schema string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(schema, "\n-- ALTER TABLE ")
+	if !ok {
+		t.Fatalf("no ALTER TABLE in the schema:\n%s", schema)
+	}
+	stmt, _, ok := strings.Cut(rest, ";\n")
+	if !ok {
+		t.Fatalf("the ALTER TABLE does not end:\n%s", rest)
+	}
+	return "ALTER TABLE " + strings.ReplaceAll(stmt, "\n--", "\n") + ";"
+}
+
+// TestMigrationBeforeIssuedKeys runs the ALTER TABLE that schema.sql
+// documents (through Schema, for the test's table name) on a table of the
+// version before issued keys: its rows stay, it ends with the columns and
+// constraints of a table that CreateTable makes, and the store, issued
+// keys included, passes the contract suite on it.
+func TestMigrationBeforeIssuedKeys(t *testing.T) {
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	old, fresh := pgtest.Table(t, pool), pgtest.Table(t, pool)
+	oldID := pgx.Identifier{old}.Sanitize()
+	if _, err := pool.Exec(ctx, strings.ReplaceAll(beforeIssuedKeys, "{table}", oldID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+oldID+" (key, state, owner, fingerprint, expires, record) VALUES "+
+		"('p', 'processing', 'o', 'fp', now() + interval '1 hour', NULL), ('d', 'done', 'o', 'fp', now() + interval '1 hour', 'r')"); err != nil {
+		t.Fatal(err)
+	}
+	schema, err := pgstore.Schema(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alter := migration(t, schema)
+	if _, err := pool.Exec(ctx, alter); err != nil {
+		t.Fatalf("%s\n%v", alter, err)
+	}
+	openOn := func(table string, opts ...pgstore.Option) *pgstore.Store {
+		s, err := pgstore.New(pool, append(opts, pgstore.WithTable(table))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	if err := openOn(fresh).CreateTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	describe := func(table string) string {
+		t.Helper()
+		var cols, checks []string
+		rows, err := pool.Query(ctx, "SELECT column_name || ' ' || data_type || ' ' || is_nullable FROM information_schema.columns "+
+			"WHERE table_name = $1 ORDER BY column_name", table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Constraints by definition; the CHECK on state by name too.
+		rows, err = pool.Query(ctx, "SELECT CASE WHEN conname = $2 THEN 'state_check: ' ELSE '' END || pg_get_constraintdef(oid) "+
+			"FROM pg_constraint WHERE conrelid = $1::regclass ORDER BY 1", pgx.Identifier{table}.Sanitize(), table+"_state_check")
+		if err != nil {
+			t.Fatal(err)
+		}
+		checks, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(cols, "\n") + "\n" + strings.Join(checks, "\n")
+	}
+	if got, want := describe(old), describe(fresh); got != want {
+		t.Fatalf("migrated table:\n%s\n\nwant, as CreateTable makes it:\n%s", got, want)
+	}
+	s := openOn(old)
+	if res, err := s.Acquire(ctx, "d", "o2", "", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != "r" {
+		t.Fatalf("a done row of before the migration: %+v, %v", res, err)
+	}
+	if err := s.Release(ctx, "p", "o"); err != nil {
+		t.Fatalf("Release of a processing row of before the migration: %v", err)
+	}
+	if res, err := s.AcquireIssued(ctx, "p", "o", "", time.Minute); err != nil || res.State != storage.NotIssued {
+		t.Fatalf("AcquireIssued after the Release of a processing row of before the migration: %+v, %v; want not issued", res, err)
+	}
+	clock, advance := frozenClock(t, pool)
+	s = openOn(old, pgstore.WithClock(clock))
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		return storagetest.Harness{Store: s, Advance: advance}
+	})
 }
 
 // TestReplayWritesNothing: an Acquire that finds a done entry reads it and
@@ -356,6 +504,8 @@ func TestCleanup(t *testing.T) {
 	s.Acquire(ctx, "done", "o", "fp", time.Second)
 	s.Complete(ctx, "done", "o", []byte("r"), time.Hour)
 	s.Acquire(ctx, "locked", "o", "fp", time.Second)
+	s.Issue(ctx, "issued", time.Second)
+	s.Issue(ctx, "issued-live", time.Hour)
 	advance(time.Minute)
 
 	// Another transaction holds the lock on an expired row.
@@ -370,13 +520,13 @@ func TestCleanup(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	n, err := s.Cleanup(cctx)
-	if err != nil || n != 10 {
-		t.Fatalf("Cleanup: %d rows, %v; want the 10 expired leases, and the locked row skipped", n, err)
+	if err != nil || n != 11 {
+		t.Fatalf("Cleanup: %d rows, %v; want the 10 expired leases and the expired issue, and the locked row skipped", n, err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for key, want := range map[string]string{"live": "processing", "done": "done", "locked": "processing", "lease-a": ""} {
+	for key, want := range map[string]string{"live": "processing", "done": "done", "locked": "processing", "lease-a": "", "issued": "", "issued-live": "issued"} {
 		if got := d.state(key); got != want {
 			t.Errorf("after Cleanup, %s is %q, want %q", key, got, want)
 		}

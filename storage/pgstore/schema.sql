@@ -6,18 +6,22 @@
 CREATE TABLE IF NOT EXISTS idem_keys (
     -- The middleware's storage key (a hash: no client input).
     key         bytea       NOT NULL PRIMARY KEY,
+    -- issued:     Store.Issue made the key; no execution has taken it.
     -- processing: an execution holds the lease.
     -- committed:  the execution's transaction committed with Store.Fence;
     --             its response is not stored (yet).
     -- done:       record holds the response.
-    state       text        NOT NULL CHECK (state IN ('processing', 'committed', 'done')),
-    -- The owner token of the execution that holds, or held, the entry.
+    state       text        NOT NULL CHECK (state IN ('issued', 'processing', 'committed', 'done')),
+    -- The owner token of the execution that holds, or held, the entry;
+    -- empty when issued.
     owner       bytea       NOT NULL,
-    -- The fingerprint of the request that created the entry.
+    -- The fingerprint of the request that created the entry; empty when
+    -- issued.
     fingerprint bytea       NOT NULL,
-    -- processing: the end of the lease; committed and done: the end of the
-    -- TTL. A row whose time has come is treated as absent, whether or not
-    -- the janitor has deleted it yet. Judged by the database's clock.
+    -- issued: the end of the issue's TTL; processing: the end of the lease;
+    -- committed and done: the end of the TTL. A row whose time has come is
+    -- treated as absent, whether or not the janitor has deleted it yet.
+    -- Judged by the database's clock.
     expires     timestamptz NOT NULL,
     -- committed: the end of the lease of the execution that committed. Until
     -- then it may still store its response, and the entry is in flight;
@@ -27,8 +31,28 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     held_until  timestamptz,
     -- done: the encoded response; NULL otherwise.
     record      bytea,
-    CHECK ((state = 'done') = (record IS NOT NULL))
+    -- issued, and processing when taken from an issue: the issue's TTL in
+    -- milliseconds, for which Store.Release makes the entry issued again;
+    -- NULL otherwise.
+    issue_ttl   bigint      CHECK (issue_ttl > 0),
+    CHECK ((state = 'done') = (record IS NOT NULL)),
+    CHECK (state IN ('issued', 'processing') OR issue_ttl IS NULL),
+    CHECK (state <> 'issued' OR issue_ttl IS NOT NULL)
 );
+-- A table made by the version before issued keys gets the state and the
+-- column with these statements (idem_keys_state_check is the name that
+-- PostgreSQL gave the CHECK on state: the table's name and _state_check):
+--
+-- ALTER TABLE idem_keys
+--     ADD COLUMN issue_ttl bigint CHECK (issue_ttl > 0),
+--     DROP CONSTRAINT idem_keys_state_check,
+--     ADD CONSTRAINT idem_keys_state_check CHECK (state IN ('issued', 'processing', 'committed', 'done')),
+--     ADD CHECK (state IN ('issued', 'processing') OR issue_ttl IS NULL),
+--     ADD CHECK (state <> 'issued' OR issue_ttl IS NOT NULL);
+--
+-- Every version of the store from this one on needs them: its statements
+-- name the column. The version before runs on the altered table as long as
+-- no key is issued.
 
 -- The janitor deletes expired rows in batches, oldest first.
 CREATE INDEX IF NOT EXISTS idem_keys_expires_idx ON idem_keys (expires);
