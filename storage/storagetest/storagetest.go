@@ -15,7 +15,23 @@
 // safety of fingerprints, owners and records, and that exactly one of many
 // concurrent acquirers wins. For a store that implements
 // [storage.RecordKeeper] it checks the Complete clauses on CompleteKeep too
-// (the CompleteKeep subtests are skipped for the others). It uses the standard testing package only.
+// (the CompleteKeep subtests are skipped for the others).
+//
+// For a store that implements [storage.Issuer] it checks the clauses of
+// issued keys (the Issuer subtests are skipped for the others): Issue
+// then AcquireIssued acquires; AcquireIssued of a key never issued
+// answers NotIssued and creates nothing; Issue over an entry in any state
+// answers ErrExists and changes nothing; an issued entry expires after its
+// TTL; AcquireIssued of a taken key answers as Acquire does (in flight,
+// done, a resend); Release of an entry taken from an issue makes it
+// issued again, for its whole TTL, and Release of an issued entry is a
+// resend; Complete and Extend of an issued entry answer ErrNotOwner; an
+// entry taken from an issue whose lease runs out is spent (NotIssued);
+// Acquire takes an issued entry too; invalid arguments; rounding to
+// milliseconds; binary fingerprints and owners; and that exactly one of
+// many concurrent AcquireIssued wins.
+//
+// It uses the standard testing package only.
 package storagetest
 
 import (
@@ -83,6 +99,7 @@ var groups = []struct {
 	{"Invalid", invalidCases},
 	{"Binary", binaryCases},
 	{"Concurrent", concurrentCases},
+	{"Issuer", issuerCases},
 }
 
 const (
@@ -595,6 +612,316 @@ var concurrentCases = []testCase{
 	}},
 }
 
+// issuerCases check a storage.Issuer: issued keys.
+var issuerCases = []testCase{
+	{"IssueThenAcquire", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", minute))
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("record"), hour)
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"NeverIssued", func(s *suite) {
+		k := s.key()
+		for range 2 {
+			if res := s.acquireIssued(k, "o1", "fp", minute); res.State != storage.NotIssued || res.Fingerprint != "" || res.LeaseLeft != 0 || res.Record != nil {
+				s.t.Fatalf("AcquireIssued of a key never issued: %+v, want State NotIssued and every other field empty", res)
+			}
+		}
+		// Nothing was created: the key is free for an Issue.
+		s.issue(k, hour)
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", minute))
+	}},
+	{"IssueTwice", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue of an issued key")
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", minute))
+	}},
+	{"IssueOverEntries", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue over an entry in flight")
+		s.wantInFlight(k, "fp")
+		// Changed nothing: still the owner's, not issued.
+		if err := s.Store.Extend(s.ctx, k, "o1", minute); err != nil {
+			s.t.Fatalf("Extend by the owner after the refused Issue: %v", err)
+		}
+		s.complete(k, "o1", []byte("record"), hour)
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue over a done entry")
+		s.wantDone(k, "fp", []byte("record"))
+
+		k = s.key()
+		s.issue(k, hour)
+		s.acquireIssued(k, "o1", "fp", minute)
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue over an entry in flight taken from an issue")
+		s.wantInFlight(k, "fp")
+		s.complete(k, "o1", []byte("record"), hour)
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue over a done entry taken from an issue")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"IssuedExpires", func(s *suite) {
+		k, control := s.key(), s.key()
+		ttl := s.short()
+		// The control key, issued first, is gone once k is.
+		s.issue(control, ttl)
+		start := time.Now()
+		s.issue(k, ttl)
+		s.expire(start, ttl, s.issuable(k))
+		if res := s.acquireIssued(control, "o1", "fp", minute); res.State != storage.NotIssued {
+			s.t.Fatalf("AcquireIssued after the issue's TTL ran out: %v, want NotIssued", res.State)
+		}
+	}},
+	{"InFlight", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp-1", minute))
+		res := s.acquireIssued(k, "o2", "fp-2", minute)
+		s.wantState(res, storage.InFlight)
+		if res.Fingerprint != "fp-1" || res.LeaseLeft < time.Millisecond || res.LeaseLeft > minute || res.Record != nil {
+			s.t.Fatalf("AcquireIssued by a second owner: %+v, want in flight with %q and a lease left within %v", res, "fp-1", minute)
+		}
+		// A resend by the holder renews its lease.
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp-1", hour))
+		if res := s.acquireIssued(k, "o2", "fp-2", minute); res.State != storage.InFlight || res.LeaseLeft <= minute {
+			s.t.Fatalf("after the holder's resend with an hour: %v with %v left, want in flight with more than %v", res.State, res.LeaseLeft, minute)
+		}
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+	{"Done", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		s.acquireIssued(k, "o1", "fp", minute)
+		s.complete(k, "o1", []byte("record"), hour)
+		for _, owner := range []string{"o1", "o2"} {
+			res := s.acquireIssued(k, owner, "another fingerprint", minute)
+			if res.State != storage.Done || res.Fingerprint != "fp" || string(res.Record) != "record" || res.LeaseLeft != 0 {
+				s.t.Fatalf("AcquireIssued of a done entry by %s: %+v, want done with %q and %q", owner, res, "fp", "record")
+			}
+		}
+		s.wantDone(k, "fp", []byte("record"))
+		if err := s.Store.Complete(s.ctx, k, "o1", []byte("record"), hour); err != nil {
+			s.t.Fatalf("Complete resent: %v", err)
+		}
+		s.is(s.Store.Release(s.ctx, k, "o1"), storage.ErrNotOwner, "Release of a done entry taken from an issue")
+		s.wantDone(k, "fp", []byte("record"))
+	}},
+	{"ReleaseIssuesAgain", func(s *suite) {
+		k := s.key()
+		ttl := 4 * s.short()
+		s.issue(k, ttl)
+		s.pass(ttl / 2)
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp-1", minute))
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release of an entry taken from an issue: %v", err)
+		}
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release resent (the entry is issued again): %v, want nil", err)
+		}
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("r"), hour), storage.ErrNotOwner, "Complete by the owner that released")
+		s.is(s.Store.Extend(s.ctx, k, "o1", minute), storage.ErrNotOwner, "Extend by the owner that released")
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue of a key issued again")
+		s.wantAcquired(s.acquireIssued(k, "o2", "fp-2", minute))
+		s.wantInFlight(k, "fp-2")
+		// Released again, it lasts for the issue's whole TTL from now.
+		start := time.Now()
+		if err := s.Store.Release(s.ctx, k, "o2"); err != nil {
+			s.t.Fatalf("Release: %v", err)
+		}
+		s.expire(start, ttl, s.issuable(k))
+	}},
+	{"IssuedHasNoOwner", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		for _, owner := range []string{"o1", ""} {
+			notHeld := func(err error, what string) {
+				s.t.Helper()
+				if !errors.Is(err, storage.ErrNotOwner) && !(owner == "" && errors.Is(err, storage.ErrInvalid)) {
+					s.t.Fatalf("%s of an issued entry by %q: %v, want ErrNotOwner", what, owner, err)
+				}
+			}
+			notHeld(s.Store.Extend(s.ctx, k, owner, minute), "Extend")
+			notHeld(s.Store.Complete(s.ctx, k, owner, []byte("r"), hour), "Complete")
+			if err := s.Store.Release(s.ctx, k, owner); err != nil {
+				s.t.Fatalf("Release of an issued entry by %q: %v, want nil (a resend)", owner, err)
+			}
+		}
+		// Still issued, and nothing else.
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue of an issued key")
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", minute))
+	}},
+	{"LeaseRunsOutSpent", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		lease := s.short()
+		start := time.Now()
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", lease))
+		// The probe finds the entry in flight, which changes nothing, and
+		// then NotIssued, which creates nothing.
+		s.expire(start, lease, func() bool {
+			s.t.Helper()
+			return s.acquireIssued(k, "storagetest-probe", "fp-probe", minute).State == storage.NotIssued
+		})
+		s.is(s.Store.Complete(s.ctx, k, "o1", []byte("late"), hour), storage.ErrNotOwner, "Complete after the lease ran out")
+		s.is(s.Store.Extend(s.ctx, k, "o1", minute), storage.ErrNotOwner, "Extend after the lease ran out")
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release after the lease ran out: %v, want nil", err)
+		}
+		if res := s.acquireIssued(k, "o2", "fp", minute); res.State != storage.NotIssued {
+			s.t.Fatalf("AcquireIssued after the lease ran out and a Release: %v, want NotIssued (the key is spent)", res.State)
+		}
+	}},
+	{"AcquireTakesIssued", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		s.wantAcquired(s.acquire(k, "o1", "fp-1", minute))
+		s.wantInFlight(k, "fp-1")
+		if res := s.acquireIssued(k, "o2", "fp-2", minute); res.State != storage.InFlight || res.Fingerprint != "fp-1" {
+			s.t.Fatalf("AcquireIssued of an issued entry that Acquire took: %v with %q, want in flight with %q", res.State, res.Fingerprint, "fp-1")
+		}
+		// It remembers the issue: released, it is issued again.
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release: %v", err)
+		}
+		s.is(s.issuer().Issue(s.ctx, k, hour), storage.ErrExists, "Issue of a key released back to issued")
+		s.wantAcquired(s.acquireIssued(k, "o2", "fp-2", minute))
+		s.complete(k, "o2", []byte("r"), hour)
+
+		// An entry that Acquire created is not issued: released, it is gone.
+		k = s.key()
+		s.acquire(k, "o1", "fp", minute)
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatalf("Release: %v", err)
+		}
+		if res := s.acquireIssued(k, "o2", "fp", minute); res.State != storage.NotIssued {
+			s.t.Fatalf("AcquireIssued after Release of an entry that was never issued: %v, want NotIssued", res.State)
+		}
+	}},
+	{"Invalid", func(s *suite) {
+		for _, c := range []struct {
+			what string
+			key  string
+			ttl  time.Duration
+		}{
+			{"empty key", "", hour},
+			{"zero ttl", s.key(), 0},
+			{"negative ttl", s.key(), -time.Second},
+		} {
+			s.is(s.issuer().Issue(s.ctx, c.key, c.ttl), storage.ErrInvalid, "Issue with "+c.what)
+			if c.key != "" {
+				if res := s.acquireIssued(c.key, "o", "fp", minute); res.State != storage.NotIssued {
+					s.t.Fatalf("Issue with %s: the key is %v, want nothing issued", c.what, res.State)
+				}
+			}
+		}
+		k := s.key()
+		s.issue(k, hour)
+		for _, c := range []struct {
+			what           string
+			key, owner, fp string
+			lease          time.Duration
+		}{
+			{"empty key", "", "o", "fp", minute},
+			{"empty owner", k, "", "fp", minute},
+			{"fingerprint of MaxFingerprintLen+1 bytes", k, "o", strings.Repeat("f", storage.MaxFingerprintLen+1), minute},
+			{"zero lease", k, "o", "fp", 0},
+			{"negative lease", k, "o", "fp", -time.Second},
+		} {
+			res, err := s.issuer().AcquireIssued(s.ctx, c.key, c.owner, c.fp, c.lease)
+			s.is(err, storage.ErrInvalid, "AcquireIssued with "+c.what)
+			if res.State != 0 {
+				s.t.Errorf("AcquireIssued with %s: state %v alongside the error", c.what, res.State)
+			}
+		}
+		// None of them took the issued entry.
+		s.wantAcquired(s.acquireIssued(k, "o", "fp", minute))
+	}},
+	{"Milliseconds", func(s *suite) {
+		s.eventually("an issue of 100µs is gone at once", func(k string) bool {
+			s.issue(k, 100*time.Microsecond)
+			return errors.Is(s.issuer().Issue(s.ctx, k, minute), storage.ErrExists)
+		})
+		s.eventually("a lease of 100µs on an issued entry is gone at once", func(k string) bool {
+			s.issue(k, hour)
+			s.acquireIssued(k, "o1", "fp", 100*time.Microsecond)
+			return s.acquireIssued(k, "o2", "fp", minute).State == storage.InFlight
+		})
+	}},
+	{"Binary", func(s *suite) {
+		for _, c := range []struct{ holder, other, fp string }{
+			{"o", "o\x00", ""},
+			{"ab", "abc", "\x00"},
+			{"abc", "ab", "1"},
+			{"1", "12", "12"},
+			{"\x00\xff", "\x00\xfe", strings.Repeat("\xff", storage.MaxFingerprintLen)},
+			{"o\x00x", "o\x00y", "I5"},
+		} {
+			k := s.key()
+			s.issue(k, hour)
+			s.wantAcquired(s.acquireIssued(k, c.holder, c.fp, minute))
+			s.wantAcquired(s.acquireIssued(k, c.holder, c.fp, minute))
+			if res := s.acquireIssued(k, c.other, "x", minute); res.State != storage.InFlight || res.Fingerprint != c.fp {
+				s.t.Fatalf("AcquireIssued by %q of %q's entry: %v with %q, want in flight with %q", c.other, c.holder, res.State, res.Fingerprint, c.fp)
+			}
+			s.is(s.Store.Extend(s.ctx, k, c.other, minute), storage.ErrNotOwner, fmt.Sprintf("Extend by %q of %q's entry", c.other, c.holder))
+			s.is(s.Store.Release(s.ctx, k, c.other), storage.ErrNotOwner, fmt.Sprintf("Release by %q of %q's entry", c.other, c.holder))
+			s.is(s.Store.Complete(s.ctx, k, c.other, []byte("r"), hour), storage.ErrNotOwner, fmt.Sprintf("Complete by %q of %q's entry", c.other, c.holder))
+			if err := s.Store.Extend(s.ctx, k, c.holder, minute); err != nil {
+				s.t.Fatalf("Extend by %q: %v", c.holder, err)
+			}
+			if err := s.Store.Release(s.ctx, k, c.holder); err != nil {
+				s.t.Fatalf("Release by %q: %v", c.holder, err)
+			}
+			s.wantAcquired(s.acquireIssued(k, c.other, c.fp, minute))
+			s.complete(k, c.other, []byte("r"), hour)
+			s.wantDone(k, c.fp, []byte("r"))
+		}
+	}},
+	{"AcquireIssuedOneWinner", func(s *suite) {
+		const n = 50
+		k := s.key()
+		s.issue(k, hour)
+		results := make([]storage.Result, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				res, err := s.issuer().AcquireIssued(s.ctx, k, fmt.Sprint("owner-", i), fmt.Sprint("fp-", i), minute)
+				if err != nil {
+					s.t.Errorf("owner-%d: AcquireIssued: %v", i, err)
+				}
+				results[i] = res
+			})
+		}
+		close(start)
+		wg.Wait()
+		if s.t.Failed() {
+			return
+		}
+		winner := -1
+		for i, res := range results {
+			if res.State != storage.Acquired {
+				continue
+			}
+			if winner >= 0 {
+				s.t.Fatalf("owner-%d and owner-%d both acquired the issued key", winner, i)
+			}
+			winner = i
+		}
+		if winner < 0 {
+			s.t.Fatalf("none of %d concurrent owners acquired the issued key", n)
+		}
+		for i, res := range results {
+			if i != winner && (res.State != storage.InFlight || res.Fingerprint != fmt.Sprint("fp-", winner)) {
+				s.t.Fatalf("owner-%d: %v with fingerprint %q, want in flight with the winner's %q", i, res.State, res.Fingerprint, fmt.Sprint("fp-", winner))
+			}
+		}
+		s.complete(k, fmt.Sprint("owner-", winner), []byte("r"), hour)
+	}},
+}
+
 type suite struct {
 	Harness
 	t   *testing.T
@@ -622,6 +949,56 @@ func (s *suite) keeper() storage.RecordKeeper {
 		s.t.Skip("the store does not implement storage.RecordKeeper")
 	}
 	return k
+}
+
+// issuer returns the store as a storage.Issuer, skipping the test when it
+// is not one.
+func (s *suite) issuer() storage.Issuer {
+	i, ok := s.Store.(storage.Issuer)
+	if !ok {
+		s.t.Skip("the store does not implement storage.Issuer")
+	}
+	return i
+}
+
+func (s *suite) issue(key string, ttl time.Duration) {
+	s.t.Helper()
+	if err := s.issuer().Issue(s.ctx, key, ttl); err != nil {
+		s.t.Fatalf("Issue(%q, %v): %v", key, ttl, err)
+	}
+}
+
+func (s *suite) acquireIssued(key, owner, fp string, lease time.Duration) storage.Result {
+	s.t.Helper()
+	res, err := s.issuer().AcquireIssued(s.ctx, key, owner, fp, lease)
+	if err != nil {
+		s.t.Fatalf("AcquireIssued(%q, %q, %q, %v): %v", key, owner, fp, lease, err)
+	}
+	return res
+}
+
+// issuable returns a probe that reports whether key is free, by issuing
+// it: that fails with ErrExists, changing nothing, while the entry lives,
+// and issues the key (for an hour) once it is gone.
+func (s *suite) issuable(key string) func() bool {
+	return func() bool {
+		s.t.Helper()
+		err := s.issuer().Issue(s.ctx, key, hour)
+		if err != nil && !errors.Is(err, storage.ErrExists) {
+			s.t.Fatalf("Issue(%q): %v, want nil or ErrExists", key, err)
+		}
+		return err == nil
+	}
+}
+
+// pass lets d go by: it moves the clock with Advance, or waits on a real
+// clock, where waiting is all there is.
+func (s *suite) pass(d time.Duration) {
+	if s.Advance != nil {
+		s.Advance(d)
+		return
+	}
+	time.Sleep(d)
 }
 
 func (s *suite) acquire(key, owner, fp string, lease time.Duration) storage.Result {
