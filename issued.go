@@ -2,9 +2,12 @@ package idem
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/idemkit/idem/storage"
 )
 
 // This file is the server-issued one-time key: the server hands out a key
@@ -77,7 +80,9 @@ func (m *Middleware) IssueKey(r *http.Request) (string, error) {
 	var a [storageKeyLen]byte
 	skey := string(h.appendIssuedKey(a[:0], m.cfg.scope(r), key))
 	putHasher(h)
-	if err := m.issuer.Issue(r.Context(), skey, m.cfg.issuedTTL); err != nil {
+	// ErrExists under a key of 128 fresh random bits is this very Issue,
+	// resent by the store's client after a timeout: the key is issued.
+	if err := m.issuer.Issue(r.Context(), skey, m.cfg.issuedTTL); err != nil && !errors.Is(err, storage.ErrExists) {
 		return "", fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	return key, nil

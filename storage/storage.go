@@ -22,7 +22,9 @@
 // run twice with the same arguments (a Redis client may resend a command
 // after a timeout): acquiring again with the same owner succeeds and renews
 // the lease, completing again with the same record succeeds, releasing an
-// entry that is already gone succeeds.
+// entry that is already gone succeeds. The exception is [Issuer.Issue],
+// whose resend answers ErrExists: its caller, who chose a fresh random
+// key, takes that as success.
 package storage
 
 import (
