@@ -174,6 +174,12 @@ type spy struct {
 }
 
 func (s *spy) Acquire(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	return s.acquire(func() (storage.Result, error) { return s.Store.Acquire(ctx, key, owner, fp, lease) })
+}
+
+// acquire counts one Acquire (or AcquireIssued) and runs it, unless the
+// store is down.
+func (s *spy) acquire(call func() (storage.Result, error)) (storage.Result, error) {
 	s.acquires.Add(1)
 	defer func() {
 		select {
@@ -184,7 +190,22 @@ func (s *spy) Acquire(ctx context.Context, key, owner, fp string, lease time.Dur
 	if s.down.Load() {
 		return storage.Result{}, errDown
 	}
-	return s.Store.Acquire(ctx, key, owner, fp, lease)
+	return call()
+}
+
+// Issue and AcquireIssued make the spy a storage.Issuer when its store is
+// one (every store kind here is), for WithIssuedKeys.
+func (s *spy) Issue(ctx context.Context, key string, ttl time.Duration) error {
+	if s.down.Load() {
+		return errDown
+	}
+	return s.Store.(storage.Issuer).Issue(ctx, key, ttl)
+}
+
+func (s *spy) AcquireIssued(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	return s.acquire(func() (storage.Result, error) {
+		return s.Store.(storage.Issuer).AcquireIssued(ctx, key, owner, fp, lease)
+	})
 }
 
 func (s *spy) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {

@@ -52,6 +52,7 @@ type env struct {
 	spy     *spy
 	ev      *events
 	advance func(time.Duration) // moves the store's clock forward
+	m       *idem.Middleware
 }
 
 func (s *suite) env(routes []Route, opts ...idem.Option) *env {
@@ -75,6 +76,7 @@ func (s *suite) serverEnv(wrap func(http.Handler) http.Handler, conf func(*http.
 	if err != nil {
 		t.Fatalf("idem.New: %v", err)
 	}
+	e.m = m
 	h := s.a.Mount(m, routes...)
 	if wrap != nil {
 		h = wrap(h)
@@ -275,6 +277,7 @@ var kindNames = map[string]error{
 	"ErrMissingKey": idem.ErrMissingKey, "ErrInvalidKey": idem.ErrInvalidKey, "ErrBodyTooLarge": idem.ErrBodyTooLarge,
 	"ErrConflict": idem.ErrConflict, "ErrMismatch": idem.ErrMismatch, "ErrNotReplayable": idem.ErrNotReplayable,
 	"ErrStoreUnavailable": idem.ErrStoreUnavailable, "ErrCorruptRecord": idem.ErrCorruptRecord,
+	"ErrKeyNotIssued": idem.ErrKeyNotIssued, "ErrCanceled": idem.ErrCanceled, "ErrBodyRead": idem.ErrBodyRead,
 }
 
 func retryAfter(t *testing.T, r reply) int {
