@@ -300,10 +300,15 @@ func TestPolicyChangedAtRunTime(t *testing.T) {
 		}
 	}
 	wantInfos(2) // one check in flight, not one per operation
-	h.open()
-	if !redisstore.WaitCheck(s) {
+	// Taken while the check is held at the server's door: once it is
+	// let through it may end before anything could look for it (seen
+	// under load with WaitCheck after open: "no check in flight").
+	checked := redisstore.CheckRunning(s)
+	if checked == nil {
 		t.Fatal("no check in flight")
 	}
+	h.open()
+	<-checked
 	wantRefused(t, s, "allkeys-lru")
 
 	setPolicy("noeviction")
