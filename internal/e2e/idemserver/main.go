@@ -4,6 +4,7 @@
 // the middleware.
 //
 //	idemserver -redis 127.0.0.1:6379 [-count-redis addr] [-lease 30s] [-delay 2ms] [-shutdown-timeout 30s]
+//	           [-memory] [-gate-at after-count|before-count|after-store]
 //
 // POST /orders (protected by an Idempotency-Key) first records its
 // execution in the Redis hash exec:<key> on the count server: one field
@@ -19,6 +20,11 @@
 // waits -delay, then answers 201 with a JSON body that names this
 // execution: process id, sequence number, id and the request's
 // X-Request-Id. A replay is that body byte for byte.
+//
+// With -memory the records are kept in the process's memory (memstore)
+// instead of Redis, as a single-instance service keeps them: they die with
+// the process. The count is still kept on the count server (-count-redis,
+// else -redis), outside the process.
 //
 // A record the middleware could not store (Complete failed: the store was
 // unreachable, or the lease was lost) is reported by adding the lease
@@ -46,7 +52,12 @@
 // The gate lets a test know how many executions are in flight: POST
 // /gate/close makes every handler wait, once its execution is counted,
 // until POST /gate/open (or its client leaves); GET /gate/held answers the
-// number waiting. It is open at start.
+// number waiting. It is open at start. -gate-at moves it: before-count
+// holds the handler before it records its execution (a process killed
+// there never executed), after-store holds every answer of POST /orders
+// once the middleware has returned, its record stored, before net/http
+// sends the response (a process killed there executed and stored, and its
+// client got nothing); after-count is the default.
 //
 // With -pg it runs on PostgreSQL instead: records in pgstore's table, and
 // POST /orders an order service whose order row and fence share one
@@ -79,6 +90,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -99,6 +111,7 @@ func main() {
 	steal := flag.Bool("steal-leases", false, "test of the count: a broken store whose Acquire takes a key held in flight by another owner")
 	grace := flag.Duration("shutdown-timeout", 30*time.Second, "bound of the whole shutdown on SIGTERM or SIGINT")
 	noWait := flag.Bool("no-shutdown-wait", false, "test of the shutdown test: exit right after http.Server.Shutdown, without waiting for the records (Middleware.Shutdown)")
+	memory := flag.Bool("memory", false, "keep the records in this process's memory (memstore) instead of Redis; the count stays on -count-redis (else -redis)")
 	var pg pgFlags
 	pg.register()
 	flag.Parse()
@@ -116,6 +129,7 @@ func main() {
 		opts    = []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
 	)
 	g := newGate()
+	gateAt := pg.gateAt
 	if pg.dsn != "" {
 		o, err := pg.open(g, *delay)
 		if err != nil {
@@ -129,6 +143,13 @@ func main() {
 			opts = append(opts, idem.WithRebuild(o.rebuild))
 		}
 	} else {
+		switch gateAt {
+		case "":
+			gateAt = "after-count"
+		case "after-count", "before-count", "after-store":
+		default:
+			log.Fatalf("-gate-at %q: want after-count, before-count or after-store", gateAt)
+		}
 		client := func(addr string) *redis.Client {
 			opt := redisstore.ClientOptions(addr)
 			opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = *timeout, *timeout, *timeout
@@ -136,15 +157,26 @@ func main() {
 			return redis.NewClient(opt)
 		}
 		counts = client(*count)
-		records := client(*store)
-		inner = redisstore.New(records, redisstore.WithPrefix(*prefix))
-		if *steal {
-			inner = thief{Store: inner, drop: func(ctx context.Context, key string) error {
-				return records.Del(ctx, *prefix+key).Err()
-			}}
+		closers = []func() error{counts.Close}
+		if *memory {
+			mem := memstore.New()
+			closers = append(closers, mem.Close)
+			owners := &ownerTracker{Store: mem}
+			inner = owners
+			if *steal {
+				inner = thief{Store: owners, drop: owners.drop}
+			}
+		} else {
+			records := client(*store)
+			closers = append(closers, records.Close)
+			inner = redisstore.New(records, redisstore.WithPrefix(*prefix))
+			if *steal {
+				inner = thief{Store: inner, drop: func(ctx context.Context, key string) error {
+					return records.Del(ctx, *prefix+key).Err()
+				}}
+			}
 		}
-		handler = &app{counts: counts, delay: *delay, twice: *twice, gate: g}
-		closers = []func() error{counts.Close, records.Close}
+		handler = &app{counts: counts, delay: *delay, twice: *twice, gate: g, gateAt: gateAt}
 	}
 	st := watched{Store: inner, counts: counts, failed: new(sync.Map)}
 	if *failOpen {
@@ -155,7 +187,11 @@ func main() {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", nethttp.Middleware(m)(handler))
+	protected := nethttp.Middleware(m)(handler)
+	if gateAt == "after-store" {
+		protected = afterStore(g, protected)
+	}
+	mux.Handle("POST /orders", protected)
 	mux.HandleFunc("POST /gate/close", func(w http.ResponseWriter, r *http.Request) { g.close() })
 	mux.HandleFunc("POST /gate/open", func(w http.ResponseWriter, r *http.Request) { g.openUp() })
 	mux.HandleFunc("GET /gate/held", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, g.held.Load()) })
@@ -235,7 +271,19 @@ type app struct {
 	delay  time.Duration
 	twice  bool // -record-twice
 	gate   *gate
+	gateAt string // -gate-at: where the handler passes the gate
 	seq    atomic.Int64
+}
+
+// afterStore holds every answer of next at the gate once next has
+// returned: the middleware has stored its record (or answered a replay or
+// a refusal), and net/http has not sent the response yet (a short body
+// stays in its buffer until the handler returns). -gate-at after-store.
+func afterStore(g *gate, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r)
+		g.pass(r.Context())
+	})
 }
 
 // gate holds the handlers while it is closed.
@@ -290,6 +338,12 @@ func (g *gate) pass(ctx context.Context) {
 }
 
 func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if a.gateAt == "before-count" {
+		a.gate.pass(r.Context())
+		if r.Context().Err() != nil {
+			return // the client left at the gate: no execution
+		}
+	}
 	info, _ := idem.FromContext(r.Context())
 	pid, seq := os.Getpid(), a.seq.Add(1)
 	id := strconv.Itoa(pid) + "-" + strconv.FormatInt(seq, 10)
@@ -305,7 +359,9 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "count: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	a.gate.pass(r.Context())
+	if a.gateAt == "after-count" {
+		a.gate.pass(r.Context())
+	}
 	if r.Header.Get("X-Hold") != "" {
 		<-r.Context().Done() // until the client leaves or the process is killed
 	} else if a.delay > 0 {
@@ -385,6 +441,31 @@ func (s thief) Acquire(ctx context.Context, key, owner, fingerprint string, leas
 	}
 	log.Printf("stole %s", key)
 	return s.Store.Acquire(ctx, key, owner, fingerprint, lease)
+}
+
+// ownerTracker is the memory store of -memory, remembering the owner of
+// each lease it grants, so that -steal-leases can release another
+// owner's lease (drop): one process holds every lease of a memory store.
+type ownerTracker struct {
+	storage.Store
+	owners sync.Map // key -> owner of the last lease granted
+}
+
+func (s *ownerTracker) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	res, err := s.Store.Acquire(ctx, key, owner, fingerprint, lease)
+	if err == nil && res.State == storage.Acquired {
+		s.owners.Store(key, owner)
+	}
+	return res, err
+}
+
+// drop releases the lease held on key: the broken store of -steal-leases.
+func (s *ownerTracker) drop(ctx context.Context, key string) error {
+	owner, ok := s.owners.Load(key)
+	if !ok {
+		return fmt.Errorf("steal %s: no owner known", key)
+	}
+	return s.Store.Release(ctx, key, owner.(string))
 }
 
 // watched is the store, reporting every record it could not store (in

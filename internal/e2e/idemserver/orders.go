@@ -62,7 +62,8 @@ func (f *pgFlags) register() {
 	flag.StringVar(&f.table, "pg-table", pgstore.DefaultTable, "pgstore's table")
 	flag.StringVar(&f.orders, "orders-table", "orders", "the orders table (see pgFlags)")
 	flag.IntVar(&f.conns, "pg-conns", 16, "the pool's most connections")
-	flag.StringVar(&f.gateAt, "gate-at", "before-fence", "where the gate holds the handlers: before-fence or after-commit")
+	flag.StringVar(&f.gateAt, "gate-at", "", "where the gate holds the handlers: with -pg before-fence (default) or after-commit; "+
+		"else after-count (default), before-count or after-store (see main.go)")
 	flag.BoolVar(&f.rebuild, "rebuild", false, "answer a retry of a committed execution whose response was not stored from its order row (idem.WithRebuild)")
 	flag.BoolVar(&f.noFence, "no-fence", false, "test of the tests: commit the order without Store.Fence")
 }
@@ -83,6 +84,9 @@ type orders struct {
 
 // open connects to the database and returns the service.
 func (f *pgFlags) open(g *gate, delay time.Duration) (*orders, error) {
+	if f.gateAt == "" {
+		f.gateAt = "before-fence"
+	}
 	if f.gateAt != "before-fence" && f.gateAt != "after-commit" {
 		return nil, fmt.Errorf("-gate-at %q: want before-fence or after-commit", f.gateAt)
 	}
