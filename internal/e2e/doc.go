@@ -17,6 +17,21 @@
 // then Middleware.Shutdown, must store every record before it exits, and
 // the same test must fail with a shutdown that does not wait.
 //
+// client_test.go sends its requests through the client half of the
+// protocol, idemclient's Transport, with a TCP proxy of the test's own in
+// front of the processes (one address, as a load balancer gives; it can
+// cut a connection after reading the server's whole response), and
+// breaks things under a call: the process running the request is killed
+// before the handler's effect (-gate-at before-count) or after its record
+// is stored (-gate-at after-store) and a new process takes over; the
+// connection is cut after the server committed; duplicates with one key
+// arrive while the first runs; the store's Redis is killed or stopped.
+// Each checks what the caller sees (status, Idempotent-Replayed, body
+// byte for byte, idemclient.Result), every attempt as it went out (one
+// key, the Retry-After waited) and every execution in the count server,
+// under any key. It runs on the memory store (idemserver -memory) where
+// one process suffices, and on Redis.
+//
 // pg_test.go runs the same servers on PostgreSQL (idemserver -pg, a
 // private server from internal/pgtest): the handler commits an order row
 // and idem's fence in one transaction, and the tests count order rows per
@@ -47,6 +62,10 @@
 //	                      -no-fence commits the orders without the fence,
 //	                      which the PostgreSQL tests of a crash or a stale
 //	                      execution must notice
+//	IDEM_E2E_CLIENT=rotate-keys
+//	                      breaks the client of client_test.go on purpose:
+//	                      every attempt goes out under a new key, and the
+//	                      tests fail
 //
 // A larger run:
 //
