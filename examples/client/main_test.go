@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+)
+
+// TestRun runs what `go run ./examples/client` runs: the application of
+// examples/nethttp in-process, on the memory store and on Redis (twice
+// against one Redis, as two runs with -redis are), and checks what a user
+// sees: every attempt and Result, the responses, and the handler run once
+// per order.
+func TestRun(t *testing.T) {
+	t.Run("memory", func(t *testing.T) {
+		out, log := runOnce(t, "", "")
+		checkTranscript(t, out, 1)
+		checkExecutions(t, log, 2)
+	})
+	t.Run("redis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		for run := range 2 {
+			out, log := runOnce(t, "", mr.Addr())
+			checkTranscript(t, out, 1) // a new process: its handler_runs starts again
+			checkExecutions(t, log, 2)
+			if n, want := len(mr.Keys()), 2*(run+1); n != want {
+				t.Errorf("Redis holds %d keys after %d runs, want %d (two orders per run): %v", n, run+1, want, mr.Keys())
+			}
+		}
+	})
+}
+
+// TestAgainstNetHTTPExample drives examples/nethttp itself, built and run
+// as a process (`go run ./examples/nethttp`, then
+// `go run ./examples/client -addr ...`), twice: the second run's orders
+// are the server's third and fourth, and its log shows two executions per
+// run.
+func TestAgainstNetHTTPExample(t *testing.T) {
+	srv := startNetHTTP(t)
+	for run := range 2 {
+		out, _ := runOnce(t, srv.addr, "")
+		checkTranscript(t, out, 2*run+1)
+	}
+	srv.stop(t)
+	checkExecutions(t, srv.log.String(), 4)
+}
+
+// runOnce runs the program and returns its transcript and log; it fails
+// the test if the program reports a failure.
+func runOnce(t *testing.T, addr, redisAddr string) (out, log string) {
+	t.Helper()
+	var o, l syncBuffer
+	if err := run(addr, redisAddr, &o, &l); err != nil {
+		t.Fatalf("run: %v\ntranscript:\n%s\nlog:\n%s", err, o.String(), l.String())
+	}
+	return o.String(), l.String()
+}
+
+// checkTranscript checks what the user sees; first is handler_runs of the
+// first order of this run.
+func checkTranscript(t *testing.T, out string, first int) {
+	t.Helper()
+	order1 := fmt.Sprintf(`{"amount":12,"handler_runs":%d,"item":"book","order":%d}`, first, first)
+	order2 := fmt.Sprintf(`{"amount":3,"handler_runs":%d,"item":"pen","order":%d}`, first+1, first+1)
+	for _, want := range []string{
+		// 1: the lost response, then its replay.
+		"\n  attempt 1: error: simulated timeout: the server answered 201, the response was lost on the way back; retry in ",
+		"\n  attempt 2: 201 Idempotent-Replayed: true\n  Result: attempts=2 replayed=true\n" +
+			"HTTP 201  Idempotent-Replayed: true  Content-Type: application/json\n" + order1 +
+			"\nthe lost response and the replay: the same bytes: true\n",
+		// 2: the double click.
+		"the call that ran the handler:\n  attempt 1: 201\n  Result: attempts=1 replayed=false\n",
+		"the call that waited:\n  attempt 1: 409 Retry-After: 1; retry in 1.",
+		"\n  attempt 2: 201 Idempotent-Replayed: true\n  Result: attempts=2 replayed=true\n" +
+			"HTTP 201  Idempotent-Replayed: true  Content-Type: application/json\n" + order2 +
+			"\nboth calls got the same bytes: true\n",
+		// 3: the reused key.
+		"\n  attempt 1: 422\n  Result: attempts=1 replayed=false\nHTTP 422  Content-Type: application/problem+json\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the transcript does not show %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "FAIL") {
+		t.Errorf("the transcript reports a failure:\n%s", out)
+	}
+	// A Retry-After of 1 s is waited 1 s plus up to a tenth.
+	if m := regexp.MustCompile(`409 Retry-After: 1; retry in (1\.\d+s|1s)\n`).FindStringSubmatch(out); m == nil {
+		t.Errorf("no wait of 1 s to 1.1 s after the 409:\n%s", out)
+	} else if d, err := time.ParseDuration(m[1]); err != nil || d > 1100*time.Millisecond {
+		t.Errorf("waited %s after a Retry-After of 1 s, want at most 1.1s", m[1])
+	}
+}
+
+// checkExecutions checks that the middleware's log shows want executions
+// (the handler ran once per order), and no other 201 but replays.
+func checkExecutions(t *testing.T, log string, want int) {
+	t.Helper()
+	if n := strings.Count(log, "-> executed 201"); n != want {
+		t.Errorf("the server's log shows %d executions, want %d:\n%s", n, want, log)
+	}
+}
+
+// netHTTP is examples/nethttp running as a process.
+type netHTTP struct {
+	cmd  *exec.Cmd
+	addr string
+	log  syncBuffer    // its stderr
+	done chan struct{} // closed when its stderr ends
+
+	waitOnce sync.Once
+	waitErr  error
+}
+
+// wait waits for the process, once its stderr has ended.
+func (s *netHTTP) wait() error {
+	<-s.done
+	s.waitOnce.Do(func() { s.waitErr = s.cmd.Wait() })
+	return s.waitErr
+}
+
+// startNetHTTP builds examples/nethttp and runs it on a free port; it is
+// killed when the test ends, unless stopped before.
+func startNetHTTP(t *testing.T) *netHTTP {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "nethttp")
+	build := exec.Command(goBin, "build", "-o", bin, "github.com/idemkit/idem/examples/nethttp")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build examples/nethttp: %v\n%s", err, out)
+	}
+	s := &netHTTP{cmd: exec.Command(bin, "-addr", "127.0.0.1:0"), done: make(chan struct{})}
+	stderr, err := s.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan string, 1)
+	go func() {
+		defer close(s.done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			s.log.Write([]byte(line + "\n"))
+			if rest, ok := strings.CutPrefix(line, "listening on http://"); ok {
+				addr, _, _ := strings.Cut(rest, " ")
+				listening <- addr
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		s.cmd.Process.Kill() // an error once it has exited
+		s.wait()
+	})
+	select {
+	case s.addr = <-listening:
+	case <-s.done:
+		t.Fatalf("examples/nethttp exited:\n%s", s.log.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("examples/nethttp not listening after 30 s:\n%s", s.log.String())
+	}
+	return s
+}
+
+// stop stops the server as a deploy does (SIGTERM) and waits for it.
+func (s *netHTTP) stop(t *testing.T) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("examples/nethttp still running 30 s after SIGTERM:\n%s", s.log.String())
+	}
+	if err := s.wait(); err != nil {
+		t.Errorf("examples/nethttp exited with %v:\n%s", err, s.log.String())
+	}
+}
+
+// syncBuffer is a buffer written by one goroutine while another may read.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
