@@ -29,7 +29,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,10 +42,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/nethttp/orders"
 	"github.com/idemkit/idem/idemclient"
 	"github.com/idemkit/idem/internal/demo"
-	"github.com/idemkit/idem/nethttp"
-	"github.com/idemkit/idem/storage"
 )
 
 func main() {
@@ -69,42 +67,13 @@ func run(addr, redisAddr string, out, logw io.Writer) error {
 		return play(out, "http://"+strings.TrimPrefix(addr, "http://"))
 	}
 	store, closeStore := demo.OpenStore(redisAddr)
-	h, m, err := newServer(store, demo.NewEnv(logw))
+	h, m, err := orders.New(store, demo.NewEnv(logw))
 	if err != nil {
 		closeStore()
 		return err
 	}
 	app := demo.App{Handler: h, Middlewares: []*idem.Middleware{m}, CloseStore: closeStore, StoreName: demo.StoreName(redisAddr)}
 	return demo.Serve("", app, func(base string) error { return play(out, base) })
-}
-
-// newServer is the application of examples/nethttp, the same code: POST
-// /orders protected by idem, its answers numbered by handler_runs.
-func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middleware, error) {
-	m, err := idem.New(store,
-		idem.WithObserver(env.Observe),       // logs each decision
-		idem.WithErrorWriter(env.WriteError), // idem.WriteProblem; a 409 also ends the wait of ?slow=1
-	)
-	if err != nil {
-		return nil, nil, err
-	}
-	var orders atomic.Int64
-	create := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in demo.Order
-		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
-			http.Error(w, "bad JSON", http.StatusBadRequest)
-			return
-		}
-		env.Slow(r) // ?slow=1 holds the request, to show a double click
-		n := orders.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
-		w.WriteHeader(http.StatusCreated)
-		json.NewEncoder(w).Encode(map[string]any{"order": n, "item": in.Item, "amount": in.Amount, "handler_runs": n})
-	})
-	mux := http.NewServeMux()
-	mux.Handle("POST /orders", nethttp.Middleware(m)(create))
-	return mux, m, nil
 }
 
 // lossy is the client's network: it loses the response of the next

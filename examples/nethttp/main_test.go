@@ -3,9 +3,11 @@ package main
 import (
 	"testing"
 
+	"github.com/idemkit/idem/examples/nethttp/orders"
+
 	"github.com/idemkit/idem/internal/demo/demotest"
 )
 
 // TestDemo runs what `go run ./examples/nethttp -demo` runs, on the memory
 // store and on Redis.
-func TestDemo(t *testing.T) { demotest.Run(t, newServer) }
+func TestDemo(t *testing.T) { demotest.Run(t, orders.New) }

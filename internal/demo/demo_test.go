@@ -1,7 +1,6 @@
 package demo_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,39 +11,14 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/nethttp/orders"
 	"github.com/idemkit/idem/internal/demo"
 	"github.com/idemkit/idem/internal/demo/demotest"
-	"github.com/idemkit/idem/nethttp"
-	"github.com/idemkit/idem/storage"
 	"go.uber.org/goleak"
 )
 
 // TestMain fails the run if a test leaves a goroutine behind.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// newServer is examples/nethttp's application.
-func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middleware, error) {
-	m, err := idem.New(store, idem.WithObserver(env.Observe), idem.WithErrorWriter(env.WriteError))
-	if err != nil {
-		return nil, nil, err
-	}
-	var orders atomic.Int64
-	mux := http.NewServeMux()
-	mux.Handle("POST /orders", nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in demo.Order
-		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
-			http.Error(w, "bad JSON", http.StatusBadRequest)
-			return
-		}
-		env.Slow(r)
-		n := orders.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		json.NewEncoder(w).Encode(map[string]any{"order": n, "item": in.Item, "amount": in.Amount, "handler_runs": n})
-	})))
-	return mux, m, nil
-}
 
 var keyRE = regexp.MustCompile(`Idempotency-Key: (order-[12]-[0-9a-f]{8})'`)
 
@@ -54,7 +28,7 @@ var keyRE = regexp.MustCompile(`Idempotency-Key: (order-[12]-[0-9a-f]{8})'`)
 func TestClientTwice(t *testing.T) {
 	store, closeStore := demo.OpenStore("")
 	defer closeStore()
-	s := demotest.Serve(t, newServer, store)
+	s := demotest.Serve(t, orders.New, store)
 	seen := map[string]int{}
 	for run := range 2 {
 		for _, m := range keyRE.FindAllStringSubmatch(s.Check(t, run), -1) {
@@ -77,7 +51,7 @@ func TestClientTwice(t *testing.T) {
 func TestClientsAtOnce(t *testing.T) {
 	store, closeStore := demo.OpenStore("")
 	defer closeStore()
-	s := demotest.Serve(t, newServer, store)
+	s := demotest.Serve(t, orders.New, store)
 	const clients = 3
 	errs := make([]error, clients)
 	var wg sync.WaitGroup
@@ -102,7 +76,7 @@ func TestClientsAtOnce(t *testing.T) {
 func TestDuplicates(t *testing.T) {
 	store, closeStore := demo.OpenStore("")
 	defer closeStore()
-	s := demotest.Serve(t, newServer, store)
+	s := demotest.Serve(t, orders.New, store)
 	var out strings.Builder
 	if err := demo.Duplicates(&out, s.URL, "burst", `{"item":"lamp","amount":40}`, 6); err != nil {
 		t.Fatalf("%v\ntranscript:\n%s", err, out.String())
