@@ -570,45 +570,8 @@ var binaryCases = []testCase{
 
 var concurrentCases = []testCase{
 	{"AcquireOneWinner", func(s *suite) {
-		const n = 50
 		k := s.key()
-		results := make([]storage.Result, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range n {
-			wg.Go(func() {
-				<-start
-				res, err := s.Store.Acquire(s.ctx, k, fmt.Sprint("owner-", i), fmt.Sprint("fp-", i), minute)
-				if err != nil {
-					s.t.Errorf("owner-%d: Acquire: %v", i, err)
-				}
-				results[i] = res
-			})
-		}
-		close(start)
-		wg.Wait()
-		if s.t.Failed() {
-			return
-		}
-		winner := -1
-		for i, res := range results {
-			if res.State != storage.Acquired {
-				continue
-			}
-			if winner >= 0 {
-				s.t.Fatalf("owner-%d and owner-%d both acquired the key", winner, i)
-			}
-			winner = i
-		}
-		if winner < 0 {
-			s.t.Fatalf("none of %d concurrent owners acquired the key", n)
-		}
-		for i, res := range results {
-			if i != winner && (res.State != storage.InFlight || res.Fingerprint != fmt.Sprint("fp-", winner)) {
-				s.t.Fatalf("owner-%d: %v with fingerprint %q, want in flight with the winner's %q", i, res.State, res.Fingerprint, fmt.Sprint("fp-", winner))
-			}
-		}
-		s.complete(k, fmt.Sprint("owner-", winner), []byte("r"), hour)
+		s.oneWinner(k, "Acquire", s.Store.Acquire)
 	}},
 }
 
@@ -879,47 +842,54 @@ var issuerCases = []testCase{
 		}
 	}},
 	{"AcquireIssuedOneWinner", func(s *suite) {
-		const n = 50
 		k := s.key()
 		s.issue(k, hour)
-		results := make([]storage.Result, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range n {
-			wg.Go(func() {
-				<-start
-				res, err := s.issuer().AcquireIssued(s.ctx, k, fmt.Sprint("owner-", i), fmt.Sprint("fp-", i), minute)
-				if err != nil {
-					s.t.Errorf("owner-%d: AcquireIssued: %v", i, err)
-				}
-				results[i] = res
-			})
-		}
-		close(start)
-		wg.Wait()
-		if s.t.Failed() {
-			return
-		}
-		winner := -1
-		for i, res := range results {
-			if res.State != storage.Acquired {
-				continue
-			}
-			if winner >= 0 {
-				s.t.Fatalf("owner-%d and owner-%d both acquired the issued key", winner, i)
-			}
-			winner = i
-		}
-		if winner < 0 {
-			s.t.Fatalf("none of %d concurrent owners acquired the issued key", n)
-		}
-		for i, res := range results {
-			if i != winner && (res.State != storage.InFlight || res.Fingerprint != fmt.Sprint("fp-", winner)) {
-				s.t.Fatalf("owner-%d: %v with fingerprint %q, want in flight with the winner's %q", i, res.State, res.Fingerprint, fmt.Sprint("fp-", winner))
-			}
-		}
-		s.complete(k, fmt.Sprint("owner-", winner), []byte("r"), hour)
+		s.oneWinner(k, "AcquireIssued", s.issuer().AcquireIssued)
 	}},
+}
+
+// oneWinner makes 50 owners acquire k at once with acquire (named what):
+// exactly one must hold it, and the others see it in flight with the
+// winner's fingerprint. The winner then completes it.
+func (s *suite) oneWinner(k, what string, acquire func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error)) {
+	const n = 50
+	results := make([]storage.Result, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			res, err := acquire(s.ctx, k, fmt.Sprint("owner-", i), fmt.Sprint("fp-", i), minute)
+			if err != nil {
+				s.t.Errorf("owner-%d: %s: %v", i, what, err)
+			}
+			results[i] = res
+		})
+	}
+	close(start)
+	wg.Wait()
+	if s.t.Failed() {
+		return
+	}
+	winner := -1
+	for i, res := range results {
+		if res.State != storage.Acquired {
+			continue
+		}
+		if winner >= 0 {
+			s.t.Fatalf("%s: owner-%d and owner-%d both acquired the key", what, winner, i)
+		}
+		winner = i
+	}
+	if winner < 0 {
+		s.t.Fatalf("%s: none of %d concurrent owners acquired the key", what, n)
+	}
+	for i, res := range results {
+		if i != winner && (res.State != storage.InFlight || res.Fingerprint != fmt.Sprint("fp-", winner)) {
+			s.t.Fatalf("%s: owner-%d: %v with fingerprint %q, want in flight with the winner's %q", what, i, res.State, res.Fingerprint, fmt.Sprint("fp-", winner))
+		}
+	}
+	s.complete(k, fmt.Sprint("owner-", winner), []byte("r"), hour)
 }
 
 type suite struct {
