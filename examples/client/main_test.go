@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem/internal/demo/demotest"
 )
 
 // TestRun runs what `go run ./examples/client` runs: the application of
@@ -59,7 +60,7 @@ func TestAgainstNetHTTPExample(t *testing.T) {
 // the test if the program reports a failure.
 func runOnce(t *testing.T, addr, redisAddr string) (out, log string) {
 	t.Helper()
-	var o, l syncBuffer
+	var o, l demotest.Buffer
 	if err := run(addr, redisAddr, &o, &l); err != nil {
 		t.Fatalf("run: %v\ntranscript:\n%s\nlog:\n%s", err, o.String(), l.String())
 	}
@@ -115,8 +116,8 @@ func checkExecutions(t *testing.T, log string, want int) {
 type netHTTP struct {
 	cmd  *exec.Cmd
 	addr string
-	log  syncBuffer    // its stderr
-	done chan struct{} // closed when its stderr ends
+	log  demotest.Buffer // its stderr
+	done chan struct{}   // closed when its stderr ends
 
 	waitOnce sync.Once
 	waitErr  error
@@ -191,22 +192,4 @@ func (s *netHTTP) stop(t *testing.T) {
 	if err := s.wait(); err != nil {
 		t.Errorf("examples/nethttp exited with %v:\n%s", err, s.log.String())
 	}
-}
-
-// syncBuffer is a buffer written by one goroutine while another may read.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/internal/demo/demotest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/storage"
 	"github.com/jackc/pgx/v5"
@@ -36,7 +37,7 @@ func TestDemo(t *testing.T) {
 	c := config{dsn: pgtest.DSN(t), table: pgtest.Table(t, pool), orders: pgtest.Table(t, pool), demo: true}
 	rowRE := regexp.MustCompile(`(?m)^order-([123])-([0-9a-f]{8}) \| 1$`)
 	for i := range 2 {
-		var out, logw syncBuffer
+		var out, logw demotest.Buffer
 		if err := run(c, &out, &logw); err != nil {
 			t.Fatalf("run %d: %v\ntranscript:\n%s\nlog:\n%s", i, err, out.String(), logw.String())
 		}
@@ -350,15 +351,15 @@ func newApp(t *testing.T) *app {
 // entries in store, with opts after the service's options, until the test
 // ends. It returns its URL and the log of its middleware's decisions and
 // its database errors.
-func (a *app) serve(store storage.Store, opts ...idem.Option) (string, *syncBuffer) {
+func (a *app) serve(store storage.Store, opts ...idem.Option) (string, *demotest.Buffer) {
 	return a.serveService(a.svc, store, opts...)
 }
 
 // serveService is serve for an instance of svc.
-func (a *app) serveService(svc *service, store storage.Store, opts ...idem.Option) (string, *syncBuffer) {
+func (a *app) serveService(svc *service, store storage.Store, opts ...idem.Option) (string, *demotest.Buffer) {
 	a.t.Helper()
 	inst := *svc
-	logw := new(syncBuffer)
+	logw := new(demotest.Buffer)
 	inst.env, inst.log = demo.NewEnv(logw), log.New(logw, "", 0)
 	m, err := idem.New(store, append(inst.options(), opts...)...)
 	if err != nil {
@@ -503,24 +504,6 @@ func transcript(s string) map[string]string {
 }
 
 func lastLine(s string) string { return s[strings.LastIndexByte(s, '\n')+1:] }
-
-// syncBuffer is a buffer that a server writes while the test may read it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // The JSON of an order has the columns of its row, and nothing else.
 func TestOrderJSON(t *testing.T) {

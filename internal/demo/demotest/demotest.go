@@ -48,14 +48,14 @@ func Run(t *testing.T, newServer demo.NewServer) {
 // Server is an example application served on a loopback port.
 type Server struct {
 	*httptest.Server
-	log *logBuffer // the middleware's decisions
+	log *Buffer // the middleware's decisions
 }
 
 // Serve builds the application with newServer on store and serves it until
 // the test ends (or Close).
 func Serve(t *testing.T, newServer demo.NewServer, store storage.Store) *Server {
 	t.Helper()
-	log := new(logBuffer)
+	log := new(Buffer)
 	h, _, err := newServer(store, demo.NewEnv(log))
 	if err != nil {
 		t.Fatal(err)
@@ -88,19 +88,21 @@ func (s *Server) Check(t *testing.T, run int) string {
 	return got
 }
 
-// logBuffer is a log the server writes while the test may read it.
-type logBuffer struct {
+// Buffer is an output (a server's log, a program's transcript) that one
+// goroutine writes while the test may read it.
+type Buffer struct {
 	mu sync.Mutex
 	b  strings.Builder
 }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
+func (l *Buffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *logBuffer) String() string {
+// String returns what was written so far.
+func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
