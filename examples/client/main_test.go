@@ -81,7 +81,7 @@ func checkTranscript(t *testing.T, out string, first int) {
 			"\nthe lost response and the replay: the same bytes: true\n",
 		// 2: the double click.
 		"the call that ran the handler:\n  attempt 1: 201\n  Result: attempts=1 replayed=false\n",
-		"the call that waited:\n  attempt 1: 409 Retry-After: 1; retry in 1.",
+		"the call that waited:\n  attempt 1: 409 Retry-After: 1; retry in 1", // 1s, or 1.xxxs: checked below
 		"\n  attempt 2: 201 Idempotent-Replayed: true\n  Result: attempts=2 replayed=true\n" +
 			"HTTP 201  Idempotent-Replayed: true  Content-Type: application/json\n" + order2 +
 			"\nboth calls got the same bytes: true\n",
