@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,26 +31,54 @@ type Info struct {
 
 type ctxKey struct{}
 
-// infoCtx carries Info without a separate allocation for the value.
+// infoCtx carries Info without a separate allocation for the value, and
+// what MarkDone says.
 type infoCtx struct {
 	context.Context
 	info Info
+	done atomic.Bool // MarkDone was called
 }
 
 func (c *infoCtx) Value(k any) any {
 	if k == (ctxKey{}) {
-		return &c.info
+		return c
 	}
 	return c.Context.Value(k)
+}
+
+// MarkDone tells the middleware that the execution running under ctx (the
+// context of a protected request, or of Do's function) must count as
+// done, whatever it answers or returns next: its key is never released,
+// so no retry runs it again. Use it when the handler cannot know whether
+// its work took effect, as a proxy whose upstream timed out after the
+// request was sent, or a payment call whose reply was lost: answering a
+// 5xx then would release the key (see WithCacheable), and the retry would
+// run the work a second time.
+//
+// A cacheable response sent whole is then stored and replayed as usual;
+// any other answer (a 5xx, a panic, a canceled request, an error from
+// Do's function) is stored as done but not replayable, so retries get 409
+// ErrNotReplayable (or what WithRebuild answers). It reports whether ctx
+// belongs to a protected execution; it does nothing and reports false
+// otherwise (no key, a method or route not protected, WithFailOpen running
+// the handler unprotected). It is safe to call from any goroutine, more
+// than once.
+func MarkDone(ctx context.Context) bool {
+	c, ok := ctx.Value(ctxKey{}).(*infoCtx)
+	if !ok || !c.info.Protected {
+		return false
+	}
+	c.done.Store(true)
+	return true
 }
 
 // FromContext returns the Info of the request whose context ctx is, or
 // derives from. ok is false when the middleware did not run the handler
 // (no key, a method or route it does not protect).
 func FromContext(ctx context.Context) (info Info, ok bool) {
-	p, ok := ctx.Value(ctxKey{}).(*Info)
+	c, ok := ctx.Value(ctxKey{}).(*infoCtx)
 	if !ok {
 		return Info{}, false
 	}
-	return *p, true
+	return c.info, true
 }

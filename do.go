@@ -40,6 +40,10 @@ import (
 //     must not run again.
 //   - fn panics (or calls runtime.Goexit): the key is released and the
 //     panic goes on.
+//   - fn called [MarkDone] on its ctx and then returns an error or
+//     panics: the key is not released but kept as done, not replayable
+//     (later calls get ErrNotReplayable), and Do returns the error (or
+//     the panic goes on).
 //
 // A call that finds the key done gets the stored result (a copy) and a nil
 // error, without running fn. Do's other errors are [*Error] values (use
@@ -54,7 +58,9 @@ import (
 //   - ErrStoreUnavailable: the store failed; fn did not run (unless
 //     WithFailOpen is set: fn then runs unprotected, with Info.Protected
 //     false, and Do returns what it returns).
-//   - ErrCanceled: ctx ended while the store was asked or the call waited.
+//   - ErrCanceled: ctx ended before the call, while the store was asked
+//     or while the call waited; fn did not run. A ctx that has already
+//     ended is refused before the store is asked, with every store.
 //   - ErrInvalidKey: key is not a valid idempotency key. ErrCorruptRecord:
 //     the stored result cannot be read.
 //
@@ -111,7 +117,7 @@ func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (r
 	defer m.work.done()
 	st := new(handlerState)
 	st.ctx = infoCtx{Context: f.ctx, info: Info{Key: key, Owner: f.owner, Protected: true, StorageKey: f.skey, TTL: m.cfg.ttl}}
-	m.beats.start(&st.beat, f.skey, f.owner)
+	m.beats.start(&st.beat, f.ctx, f.skey, f.owner)
 	returned := false
 	defer func() {
 		if returned {
@@ -119,7 +125,12 @@ func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (r
 		}
 		p := recover() // nil after runtime.Goexit, as in exchange.execute
 		m.beats.stop(&st.beat)
-		f.release(st, Released, 0, &PanicError{Value: p, Goexit: p == nil})
+		perr := &PanicError{Value: p, Goexit: p == nil}
+		if st.ctx.done.Load() { // MarkDone: never released
+			f.keep(st, &response.Record{Status: 200, NotReplayable: true}, false, 0, true, perr)
+		} else {
+			f.release(st, Released, 0, perr)
+		}
 		if p != nil {
 			panic(p)
 		}
@@ -129,11 +140,15 @@ func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (r
 	returned = true
 	m.runs.observe(f.route, time.Since(began))
 	m.beats.stop(&st.beat)
-	if err != nil {
+	switch {
+	case err != nil && st.ctx.done.Load(): // MarkDone: never released
+		f.keep(st, &response.Record{Status: 200, NotReplayable: true}, false, 0, true, err)
+		return nil, err
+	case err != nil:
 		f.release(st, Released, 0, err)
 		return nil, err
 	}
 	rec := response.Record{Status: 200, Body: result}
-	f.keep(st, &rec, len(result) <= m.cfg.maxResp, 0)
+	f.keep(st, &rec, len(result) <= m.cfg.maxResp, 0, true, nil)
 	return result, nil
 }

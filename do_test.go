@@ -367,3 +367,45 @@ func TestDoIgnoresIssuedKeys(t *testing.T) {
 		}
 	}
 }
+
+// Do with a context that has already ended never runs fn and answers
+// ErrCanceled, whatever the store: on the main before this fix memstore
+// (which never looks at ctx) ran fn, and redisstore answered ErrCanceled.
+func TestDoEndedContext(t *testing.T) {
+	m, log := newDoMiddleware(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ran := false
+	_, err := m.Do(ctx, "pay", "p-1", func(context.Context) ([]byte, error) { ran = true; return nil, nil })
+	if ran || !errors.Is(err, idem.ErrCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do on an ended context: ran %v, err %v; want not run, ErrCanceled", ran, err)
+	}
+	if got := log.outcomes(); len(got) != 1 || got[0] != idem.Canceled {
+		t.Fatalf("events %v, want canceled", got)
+	}
+	// The key is free: a live call runs fn.
+	if _, err := m.Do(context.Background(), "pay", "p-1", func(context.Context) ([]byte, error) { ran = true; return nil, nil }); err != nil || !ran {
+		t.Fatalf("Do after: ran %v, err %v", ran, err)
+	}
+}
+
+// fn that calls MarkDone and then fails keeps its key done, not
+// replayable: the next delivery gets ErrNotReplayable, not a second run.
+func TestDoMarkDone(t *testing.T) {
+	m, _ := newDoMiddleware(t)
+	var runs atomic.Int32
+	boom := errors.New("reply lost")
+	fn := func(ctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		if !idem.MarkDone(ctx) {
+			t.Error("MarkDone reported false inside Do")
+		}
+		return nil, boom
+	}
+	if _, err := m.Do(context.Background(), "pay", "p-1", fn); err != boom {
+		t.Fatalf("first: %v, want fn's error", err)
+	}
+	if _, err := m.Do(context.Background(), "pay", "p-1", fn); !errors.Is(err, idem.ErrNotReplayable) || runs.Load() != 1 {
+		t.Fatalf("second: %v, ran %d times; want ErrNotReplayable and 1 run", err, runs.Load())
+	}
+}

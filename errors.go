@@ -71,6 +71,13 @@ var (
 	// only in [Event.Err]; the client is not told.
 	ErrLeaseLost = errors.New("idempotency lease lost")
 
+	// ErrRetryDropped: the store failed to take an execution's result, and
+	// the middleware already had as many background retries pending as it
+	// keeps (10,000, or 256 MiB of records): this one was not retried. Seen
+	// only in [Event.Err] (outcome StoreError), with the store's error; the
+	// key frees itself when its lease ends.
+	ErrRetryDropped = errors.New("idempotency background retry dropped")
+
 	// ErrKeyNotIssued: the middleware accepts issued keys only
 	// (WithIssuedKeys), and this key was not issued by
 	// [Middleware.IssueKey] to this client (the request's scope), or its

@@ -21,13 +21,14 @@ const (
 	// Mismatch: 422, the key was used with a different request.
 	Mismatch
 	// Released: the handler ran and its response was not cacheable (5xx by
-	// default), or it panicked (Err is a *PanicError), so the key was
-	// released for a retry.
+	// default), or it panicked before sending anything (Err is a
+	// *PanicError), so the key was released for a retry.
 	Released
 	// NotReplayable: the handler ran but its response could not be kept
-	// whole (too large, hijacked, or the connection failed before the
-	// handler had written all it meant to); the key is done and retries get
-	// 409.
+	// whole (too large, hijacked, the connection failed before the handler
+	// had written all it meant to, it panicked after the response started
+	// to go out (Err is the *PanicError), or it called MarkDone and answered
+	// a status that is not cacheable); the key is done and retries get 409.
 	NotReplayable
 	// Rejected: 400 or 413, the key or the body was refused before any
 	// store access, or the key was not issued (ErrKeyNotIssued, see

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"sync"
 	"time"
 
@@ -61,26 +62,40 @@ type finish struct {
 // end ends the execution of a request whose handler has returned (perr
 // nil) or panicked. It stops the lease's renewals and stores the response
 // or releases the key.
+//
+// Once any part of the response has gone towards the client, or the
+// handler called MarkDone, the execution is done and its key is never
+// released: what the client saw may be the effect of work that took
+// place, and a retry must not run it again. Only a handler that returned
+// normally with a status that is not cacheable (it says it did nothing)
+// and one that panicked or gave up before sending anything are released.
 func (f *finish) end(st *handlerState, cw *response.Capture, perr *PanicError) {
 	f.m.beats.stop(&st.beat)
+	marked := st.ctx.done.Load()
 	switch {
+	case perr != nil && (cw.Sent() || marked):
+		// The status line at least has gone out (or the handler said its
+		// work is done): the recovery middleware outside cannot answer
+		// again, and the client may have seen the work's effect.
+		f.keep(st, &response.Record{Status: cw.Status(), NotReplayable: true}, false, cw.Status(), true, perr)
 	case perr != nil:
-		// Nothing is committed on the handler's behalf: the recovery
+		// Nothing is sent on the handler's behalf: the recovery
 		// middleware outside answers.
 		f.release(st, Released, cw.Status(), perr)
-	case !cw.Committed() && !cw.Hijacked() && f.ctx.Err() != nil:
+	case !cw.Committed() && !cw.Hijacked() && f.ctx.Err() != nil && !marked:
 		// The handler gave up on its request (the client went away, a
 		// deadline passed) and wrote nothing: taken as not done.
 		cw.Finish()
 		f.release(st, Canceled, cw.Status(), context.Cause(f.ctx))
 	default:
 		cw.Finish()
-		if !cw.Hijacked() && !f.m.cfg.cacheable(cw.Status()) {
+		cacheable := cw.Hijacked() || f.m.cfg.cacheable(cw.Status())
+		if !cacheable && !marked {
 			f.release(st, Released, cw.Status(), nil)
 			return
 		}
 		rec, whole := cw.Record()
-		f.keep(st, &rec, whole, cw.Status())
+		f.keep(st, &rec, whole && cacheable, cw.Status(), true, nil)
 	}
 }
 
@@ -96,7 +111,7 @@ func (f *finish) release(st *handlerState, outcome Outcome, status int, cause er
 		// The closure takes copies: capturing f would move it to the heap
 		// for every execution, not only for those that retry.
 		skey, owner := f.skey, f.owner
-		f.later(outcome, status, cause, err, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
+		f.later(outcome, status, cause, err, 0, func(ctx context.Context) error { return m.store.Release(ctx, skey, owner) })
 		return
 	}
 	outcome, err = settled(outcome, cause, err)
@@ -105,14 +120,29 @@ func (f *finish) release(st *handlerState, outcome Outcome, status int, cause er
 
 // keep stores rec, the result of an execution whose lease's renewals have
 // stopped: replayable when whole, or else as done but not replayable.
-// status is the one sent, for the event.
-func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status int) {
+// status is the one sent, for the event; sent says whether any of the
+// response went out (always, for Do's result); cause is the handler's
+// panic, if any, for the event.
+//
+// A record that cannot be encoded (a status outside 100..999, which no
+// adapter records) is kept as done but not replayable when something was
+// sent, and released when nothing was.
+func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status int, sent bool, cause error) {
 	outcome := Executed
 	if !whole {
 		outcome = NotReplayable
 		*rec = response.Record{Status: rec.Status, NotReplayable: true}
 	}
 	b, buf, err := f.encode(rec)
+	if err != nil {
+		if !sent {
+			f.release(st, Released, status, errors.Join(cause, err))
+			return
+		}
+		outcome = NotReplayable
+		*rec = response.Record{NotReplayable: true} // status 0: always encodes
+		b, buf, err = f.encode(rec)
+	}
 	if err == nil {
 		st.fin.start(f.ctx, f.m.cfg.lease)
 		err = f.complete(&st.fin, b)
@@ -124,7 +154,7 @@ func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status
 				kept = bytes.Clone(b)
 			}
 			fc := *f // a copy, for the reason given in end
-			f.later(outcome, status, nil, err, func(ctx context.Context) error { return fc.complete(ctx, kept) })
+			f.later(outcome, status, cause, err, len(kept), func(ctx context.Context) error { return fc.complete(ctx, kept) })
 		}
 		if buf != nil {
 			*buf = b
@@ -134,7 +164,7 @@ func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status
 			return
 		}
 	}
-	outcome, err = settled(outcome, nil, err)
+	outcome, err = settled(outcome, cause, err)
 	f.emit(f.ctx, outcome, status, err)
 }
 
@@ -188,6 +218,13 @@ const (
 	retryMax   = time.Second
 )
 
+// Bounds of the background attempts pending at once in one Middleware:
+// each holds a goroutine and its record until the store takes it.
+const (
+	laterMax      = 10000
+	laterMaxBytes = 256 << 20
+)
+
 // later is what happens when the store fails to take the result of an
 // execution (Complete, or Release): the response has gone to the client,
 // and without the record a retry after the lease would run the handler a
@@ -203,16 +240,27 @@ const (
 // gave: an attempt cut short by the end of the lease says only that time
 // ran out.
 //
+// At most laterMax attempts, holding laterMaxBytes of records in all,
+// are pending at once: past that, during a long outage, the execution is
+// not retried and the observer hears StoreError with ErrRetryDropped at
+// once (its key frees itself when the lease ends).
+//
 // op must own what it uses: the request's buffers are reused once the
-// handler's request has finished.
-func (f *finish) later(outcome Outcome, status int, cause, first error, op func(context.Context) error) {
+// handler's request has finished. size is how many bytes it holds.
+func (f *finish) later(outcome Outcome, status int, cause, first error, size int, op func(context.Context) error) {
 	m := f.m
+	if !m.pending.take(size) {
+		outcome, err := settled(outcome, cause, fmt.Errorf("%w: %w", ErrRetryDropped, first))
+		f.emit(f.ctx, outcome, status, err)
+		return
+	}
 	fc := *f // the goroutine's own copy; f stays on the handler's stack
 	base := context.WithoutCancel(f.ctx)
 	deadline := time.Now().Add(m.cfg.lease)
 	drain := m.work.add()
 	go func() {
 		defer m.work.done()
+		defer m.pending.give(size)
 		err := first
 		delay := retryFirst
 		t := time.NewTimer(time.Hour) // set before each wait
@@ -244,8 +292,49 @@ func (f *finish) later(outcome Outcome, status int, cause, first error, op func(
 			}
 		}
 		outcome, err := settled(outcome, cause, err)
-		fc.emit(base, outcome, status, err)
+		fc.emitSafely(base, outcome, status, err)
 	}()
+}
+
+// emitSafely is emit from a goroutine of the middleware's own: an observer
+// that panics there would crash the process, so its panic is recovered
+// and logged.
+func (f *finish) emitSafely(ctx context.Context, o Outcome, status int, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.Printf("idem: the observer panicked on a %s event: %v", o, p)
+		}
+	}()
+	f.emit(ctx, o, status, err)
+}
+
+// pending counts the background attempts of a Middleware and the bytes
+// they hold, within laterMax and laterMaxBytes.
+type pending struct {
+	mu       sync.Mutex
+	n, bytes int
+	max      int // laterMax, or less in tests
+	maxBytes int
+}
+
+// take counts one more attempt holding size bytes, or reports false when
+// that would pass a bound.
+func (p *pending) take(size int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n+1 > p.max || p.bytes+size > p.maxBytes {
+		return false
+	}
+	p.n++
+	p.bytes += size
+	return true
+}
+
+func (p *pending) give(size int) {
+	p.mu.Lock()
+	p.n--
+	p.bytes -= size
+	p.mu.Unlock()
 }
 
 // retryable reports whether a store error after the handler may go away

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -14,6 +15,17 @@ import (
 // handler that finishes sooner costs no timer, goroutine or allocation.
 // The queue is in order of due time, since every entry is due the same
 // period after it was queued.
+//
+// A renewal that fails (the store is unreachable, or slow) is tried again
+// soon, not a period later, with a timer of its own: after a jittered
+// backoff from lease/100 doubling to lease/20, and never later than a
+// third of the time the lease has left since the last renewal that
+// succeeded, so the tries grow denser as the lease nears its end. They go
+// on until one succeeds (the beat is queued again for a period), the
+// store answers ErrNotOwner, the handler finishes, or the lease has run
+// out since the last success. So a store outage that ends before the
+// lease does, that is shorter than two thirds of the lease when it begins
+// as a renewal falls due, costs no second execution.
 type beats struct {
 	m     *Middleware
 	every time.Duration
@@ -26,12 +38,16 @@ type beats struct {
 
 // beat is one handler's place in the heartbeat queue.
 type beat struct {
+	ctx         context.Context // the request's (or Do's), for its values
 	skey, owner string
 	due         time.Time
+	ok          time.Time // when the last renewal (or the acquire) was sent
+	fails       int       // failed renewals since ok
+	retry       *time.Timer
 	prev, next  *beat
 	queued      bool
 	stopped     bool
-	renewing    sync.WaitGroup // a renewal in progress
+	renewing    sync.WaitGroup // a renewal in progress, or a retry set
 }
 
 func (s *beats) init(m *Middleware) {
@@ -40,10 +56,12 @@ func (s *beats) init(m *Middleware) {
 	s.t.Stop()
 }
 
-// start queues b: its lease is renewed every lease/3 until stop.
-func (s *beats) start(b *beat, skey, owner string) {
-	b.skey, b.owner = skey, owner
+// start queues b: its lease is renewed every lease/3 until stop. ctx is
+// the execution's: the renewals keep its values, not its cancellation.
+func (s *beats) start(b *beat, ctx context.Context, skey, owner string) {
+	b.ctx, b.skey, b.owner = ctx, skey, owner
 	s.mu.Lock()
+	b.ok = time.Now()
 	s.push(b)
 	s.mu.Unlock()
 }
@@ -55,6 +73,9 @@ func (s *beats) stop(b *beat) {
 	b.stopped = true
 	if b.queued {
 		s.unlink(b)
+	}
+	if b.retry != nil && b.retry.Stop() {
+		b.renewing.Done() // the retry that will not run
 	}
 	s.mu.Unlock()
 	b.renewing.Wait()
@@ -108,17 +129,56 @@ func (s *beats) fire() {
 	s.t.Reset(s.head.due.Sub(now))
 }
 
-// renew extends b's lease once and queues it again, unless the handler
+// renew extends b's lease once. On success it queues b again for the next
+// period; on a failure it sets b's retry (see beats), unless the handler
 // finished meanwhile or the lease was lost (the finish will see it and
-// tell the observer).
+// tell the observer). Each try lasts at most a period, and never past the
+// end of the lease as the last success left it.
 func (s *beats) renew(b *beat) {
 	defer b.renewing.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), s.every)
-	err := s.m.store.Extend(ctx, b.skey, b.owner, s.m.cfg.lease)
+	lease := s.m.cfg.lease
+	s.mu.Lock()
+	stopped, ok := b.stopped, b.ok
+	s.mu.Unlock()
+	if stopped {
+		return
+	}
+	sent := time.Now()
+	end := ok.Add(lease) // the lease's end, as far as is known
+	deadline := sent.Add(s.every)
+	if end.Before(deadline) {
+		deadline = end
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(b.ctx), deadline)
+	err := s.m.store.Extend(ctx, b.skey, b.owner, lease)
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !b.stopped && !errors.Is(err, storage.ErrNotOwner) {
+	switch {
+	case b.stopped || errors.Is(err, storage.ErrNotOwner):
+	case err == nil:
+		b.ok, b.fails = sent, 0
 		s.push(b)
+	default:
+		left := time.Until(end)
+		if left <= 0 {
+			return // lost, unless the store's clock is kind: the finish finds out
+		}
+		b.fails++
+		b.renewing.Add(1)
+		b.retry = time.AfterFunc(retryDelay(lease, b.fails, left), func() { s.renew(b) })
 	}
+}
+
+// retryDelay is the wait before the fails-th try of a failed renewal,
+// left being the time until the lease ends: a jittered backoff from
+// lease/100 doubling to lease/20, at most a third of left.
+func retryDelay(lease time.Duration, fails int, left time.Duration) time.Duration {
+	d := lease / 100
+	for i := 1; i < fails && d < lease/20; i++ {
+		d *= 2
+	}
+	d = min(d, lease/20)
+	d = d/2 + rand.N(d/2+1) // jitter: between half of it and all of it
+	return max(min(d, left/3), time.Millisecond)
 }

@@ -23,12 +23,13 @@ type Middleware struct {
 	keeper storage.RecordKeeper
 	// issuer is store when the middleware accepts issued keys only
 	// (WithIssuedKeys).
-	issuer storage.Issuer
-	cfg    config
-	omit   func(name string) bool
-	beats  beats
-	work   work
-	runs   runTimes
+	issuer  storage.Issuer
+	cfg     config
+	omit    func(name string) bool
+	beats   beats
+	work    work
+	pending pending
+	runs    runTimes
 }
 
 // New returns a Middleware that keeps its records in store. Without
@@ -41,7 +42,7 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOption)
 	}
-	m := &Middleware{store: store, cfg: defaultConfig()}
+	m := &Middleware{store: store, cfg: defaultConfig(), pending: pending{max: laterMax, maxBytes: laterMaxBytes}}
 	m.keeper, _ = store.(storage.RecordKeeper)
 	for _, o := range opts {
 		if o == nil {
@@ -177,6 +178,11 @@ func (x *exchange) readBody() bool {
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	idle := m.work.shutdown()
 	select {
+	case <-idle: // nothing left wins over an ended ctx
+		return nil
+	default:
+	}
+	select {
 	case <-idle:
 		return nil
 	case <-ctx.Done():
@@ -232,9 +238,15 @@ func (x *exchange) run(next Next) {
 // handler durations estimate Retry-After; issued says the key must have
 // been issued (WithIssuedKeys).
 func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string, issued bool) (res storage.Result, o Outcome, e *Error) {
-	res, err := m.take(ctx, skey, owner, fp, issued)
-	if err == nil && res.State == storage.InFlight && m.cfg.wait > 0 && res.Fingerprint == fp {
-		res, err = m.wait(ctx, res, skey, owner, fp, issued)
+	err := ctx.Err() // a context that has ended is refused alike with every store
+	if err == nil {
+		res, err = m.take(ctx, skey, owner, fp, issued)
+		if err == nil && res.State == storage.InFlight && m.cfg.wait > 0 && res.Fingerprint == fp {
+			res, err = m.wait(ctx, res, skey, owner, fp, issued)
+		}
+		if err != nil {
+			m.unlock(ctx, skey, owner, err)
+		}
 	}
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -256,6 +268,28 @@ func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string,
 		return res, Conflict, newError(ErrConflict, "A request with this idempotency key is still being processed; retry later.", m.runs.retryAfter(route, res.LeaseLeft), nil)
 	}
 	return res, Replayed, nil
+}
+
+// unlock releases, in the background, the lease an Acquire that failed
+// with err may have taken all the same: a call that timed out, or whose
+// connection broke, after the store ran it. The owner is this attempt's
+// own, so the release can free nothing else; without it the key would
+// stay locked for a whole lease. Refusals of the arguments or of room
+// created nothing. Shutdown waits for it; it is dropped when the
+// background work is at its bound (laterMax).
+func (m *Middleware) unlock(ctx context.Context, skey, owner string, err error) {
+	if errors.Is(err, storage.ErrInvalid) || errors.Is(err, storage.ErrFull) || !m.pending.take(0) {
+		return
+	}
+	base := context.WithoutCancel(ctx)
+	m.work.add()
+	go func() {
+		defer m.work.done()
+		defer m.pending.give(0)
+		ctx, cancel := context.WithTimeout(base, m.cfg.lease)
+		defer cancel()
+		_ = m.store.Release(ctx, skey, owner)
+	}()
 }
 
 // take is one Acquire, or AcquireIssued for a key that must have been
@@ -317,7 +351,7 @@ func (x *exchange) execute(next Next, skey, owner string) {
 	cw := capturePool.Get().(*response.Capture)
 	cw.Reset(x.w, m.cfg.maxResp, m.omit)
 	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey, TTL: m.cfg.ttl})
-	m.beats.start(&st.beat, skey, owner)
+	m.beats.start(&st.beat, x.r.Context(), skey, owner)
 	returned := false
 	defer func() {
 		if returned {
@@ -359,7 +393,8 @@ func (x *exchange) replay(data []byte, skey string) {
 		}
 		x.refuse(Conflict, newError(ErrNotReplayable, detail, 0, nil))
 	default:
-		x.emit(Replayed, status, nil)
+		// err is the writer's, when the client went away mid-replay.
+		x.emit(Replayed, status, err)
 	}
 }
 

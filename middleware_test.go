@@ -640,3 +640,68 @@ func TestFinishContext(t *testing.T) {
 		}
 	})
 }
+
+// failWriter fails every body write, as the writer of a client that went
+// away does.
+type failWriter struct{ *httptest.ResponseRecorder }
+
+func (w failWriter) Write([]byte) (int, error) { return 0, errors.New("write: broken pipe") }
+
+// A replay whose write fails is reported with the writer's error; on the
+// main before this fix the event said replayed with a nil Err.
+func TestReplayWriteErrorReported(t *testing.T) {
+	mem, _ := newMemStore(t)
+	var log eventLog
+	m, err := idem.New(mem, idem.WithObserver(log.observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		io.WriteString(w, "order 1")
+	}))
+	serve(h, "k", "")
+	r := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	r.Header.Set("Idempotency-Key", "k")
+	h.ServeHTTP(failWriter{httptest.NewRecorder()}, r)
+	ev := log.ev[len(log.ev)-1]
+	if ev.Outcome != idem.Replayed || ev.Err == nil || !strings.Contains(ev.Err.Error(), "broken pipe") {
+		t.Fatalf("event %v %v, want replayed with the write's error", ev.Outcome, ev.Err)
+	}
+}
+
+// An Acquire that fails after the store took the lease (a timeout while
+// the answer was on its way) does not leave the key locked for a whole
+// lease: the middleware releases its own attempt's lease, so the client's
+// retry runs at once. On the main before this fix the retry got 409 until
+// the lease ran out.
+func TestFailedAcquireUnlocks(t *testing.T) {
+	mem, _ := newMemStore(t)
+	var timeouts atomic.Int64
+	timeouts.Store(1)
+	store := &hookStore{Store: mem, acquire: func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+		res, err := mem.Acquire(ctx, key, owner, fp, lease)
+		if timeouts.Add(-1) >= 0 {
+			return storage.Result{}, fmt.Errorf("i/o timeout: %w", context.DeadlineExceeded)
+		}
+		return res, err
+	}}
+	m, err := idem.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(201)
+	}))
+	if w := serve(h, "k", ""); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d, want 503", w.Code)
+	}
+	if err := m.Shutdown(context.Background()); err != nil { // waits for the release
+		t.Fatal(err)
+	}
+	if w := serve(h, "k", ""); w.Code != 201 || runs.Load() != 1 {
+		t.Fatalf("retry: %d %s, handler ran %d times; want 201 at once", w.Code, w.Body, runs.Load())
+	}
+}

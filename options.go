@@ -115,9 +115,14 @@ func WithTTL(d time.Duration) Option {
 
 // WithLease sets how long a request holds its key while the handler runs.
 // The lease is renewed every lease/3 while the handler runs, so it bounds
-// only how long a key stays locked after its process died. It also bounds
-// how long the middleware retries storing a response when the store fails
-// after the handler: a store outage shorter than two thirds of the lease
+// only how long a key stays locked after its process died. A renewal that
+// fails is tried again soon (a jittered backoff from lease/100 to lease/20,
+// denser as the lease nears its end) until one succeeds or the lease has
+// run out: a store outage that begins as a renewal falls due and is
+// shorter than two thirds of the lease never lets a duplicate take the key
+// from a handler still running. The lease also bounds how long the
+// middleware retries storing a response when the store fails after the
+// handler: there too, a store outage shorter than two thirds of the lease
 // never costs a second execution; a store that cannot write for longer
 // (down, or Redis at maxmemory answering OOM) cannot prevent one.
 // Default 30 seconds; at least 30 milliseconds.

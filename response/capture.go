@@ -158,6 +158,13 @@ func (c *Capture) Status() int { return c.status }
 // with a final code, a Write or a Flush (or by Finish).
 func (c *Capture) Committed() bool { return c.status != 0 }
 
+// Sent reports whether any part of the response has gone to the inner
+// writer, and so may have reached the client: the status line (at the
+// first non-empty Write, a Flush, a Hijack or Finish), body bytes, or the
+// connection itself after a hijack. A status committed by WriteHeader
+// alone is held back and not yet sent.
+func (c *Capture) Sent() bool { return c.hijacked || (c.status != 0 && !c.pending) }
+
 // Hijacked reports whether the connection was hijacked through the capture.
 func (c *Capture) Hijacked() bool { return c.hijacked }
 
