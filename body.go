@@ -19,17 +19,22 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *Error
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	var buf []byte
+	// The buffer grows as bytes arrive, never ahead of them on the word of
+	// a Content-Length: a client that declares a large body and sends
+	// nothing holds bodyFirstRead bytes, not max. With a declared length
+	// it grows no further than that length (and a byte, to see EOF).
+	limit := int64(-1)
 	if r.ContentLength >= 0 {
-		buf = make([]byte, 0, r.ContentLength+1)
-	} else {
-		buf = make([]byte, 0, 512)
+		limit = r.ContentLength + 1
 	}
+	buf := make([]byte, 0, bodyCap(bodyFirstRead, limit))
 	// MaxBytesReader needs the server's own writer to close the connection.
 	rd := http.MaxBytesReader(response.Innermost(w), r.Body, max)
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			grown := make([]byte, len(buf), bodyCap(2*cap(buf), limit))
+			copy(grown, buf)
+			buf = grown
 		}
 		n, err := rd.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -44,6 +49,19 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *Error
 			return nil, newError(ErrBodyRead, "The request body could not be read.", 0, err)
 		}
 	}
+}
+
+// bodyFirstRead is the capacity of a request body's buffer before any of
+// it has arrived.
+const bodyFirstRead = 4 << 10
+
+// bodyCap is n, but no more than limit when limit is not negative, and at
+// least 1.
+func bodyCap(n int, limit int64) int {
+	if limit >= 0 && int64(n) > limit {
+		n = int(limit)
+	}
+	return max(n, 1)
 }
 
 // handlerRequest returns the request the handler sees: r with the

@@ -86,6 +86,11 @@ var (
 	// apart. The handler did not run. Status 400.
 	ErrKeyNotIssued = errors.New("idempotency key not issued")
 
+	// ErrTooManyKeys: [Middleware.IssueKey] refused to issue another key to
+	// this client (its scope), which was issued as many keys as
+	// WithIssueLimit allows a minute. Status 429, with Retry-After.
+	ErrTooManyKeys = errors.New("too many idempotency keys issued")
+
 	// ErrInvalidOption: an option given to New has an invalid value.
 	ErrInvalidOption = errors.New("idem: invalid option")
 )
@@ -156,6 +161,7 @@ var kinds = map[error]kind{
 	ErrCorruptRecord:    {"ErrCorruptRecord", http.StatusInternalServerError, "Stored response unreadable"},
 	ErrCanceled:         {"ErrCanceled", http.StatusServiceUnavailable, "Request canceled"},
 	ErrKeyNotIssued:     {"ErrKeyNotIssued", http.StatusBadRequest, "Idempotency key not issued"},
+	ErrTooManyKeys:      {"ErrTooManyKeys", http.StatusTooManyRequests, "Too many idempotency keys"},
 }
 
 // newError builds the refusal for kind k.

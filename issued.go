@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/storage"
@@ -39,10 +41,15 @@ const DefaultIssuedKeyTTL = time.Hour
 // runs out: a retry gets ErrKeyNotIssued, never a second execution (a form
 // is then loaded again for a new key).
 //
-// An issued key is the client's for every route of this middleware, and
-// of any middleware on the same store with the same scope, and its record
-// does not depend on the route: the request comparison (WithFingerprint)
-// still refuses it for a different request.
+// An issued key is the client's: the scope of its first use must be the
+// scope it was issued to. Its first use binds it to that request's method
+// and route, whatever the request comparison (WithFingerprint,
+// WithoutFingerprint, or none with WithKey): used again on another route
+// (of this middleware, or of another on the same store) it gets 422
+// ErrMismatch, never the first route's stored response. Within the route,
+// the request comparison applies as usual.
+//
+// IssueKey issues at most WithIssueLimit keys a minute to one scope.
 //
 // The store must implement storage.Issuer (every store of this module
 // does); New returns an error wrapping ErrInvalidOption when it does not,
@@ -60,6 +67,68 @@ func WithIssuedKeys(ttl time.Duration) Option {
 	}
 }
 
+// DefaultIssueLimit is how many keys [Middleware.IssueKey] issues to one
+// scope a minute, unless WithIssueLimit says otherwise.
+const DefaultIssueLimit = 30
+
+// WithIssueLimit sets how many keys [Middleware.IssueKey] issues to one
+// scope (see [WithScope]) a minute, n by default [DefaultIssueLimit], with
+// a burst of n: a client past it gets ErrTooManyKeys. Every issued key
+// occupies the store until it is used or its WithIssuedKeys TTL ends
+// (about 170 bytes on Redis, so a million keys cost about 170 MB for that
+// long), and asking for one costs nothing, so without a bound one client
+// could fill the store. The bound holds for each process, not across
+// them, and keeps its memory bounded whatever the number of scopes (4096
+// buckets: scopes whose hashes share one share its rate). It bounds each
+// scope, not the number of scopes: a site that gives keys to anonymous
+// sessions should also limit how fast sessions are made. n must be at
+// least 1; New returns an error wrapping ErrInvalidOption otherwise. It
+// matters only WithIssuedKeys.
+func WithIssueLimit(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return invalid("WithIssueLimit(%d): must be at least 1", n)
+		}
+		c.issueLimit = n
+		return nil
+	}
+}
+
+// issueLimit is a rate limit of the keys issued per scope: a leaky bucket
+// per scope, in a fixed table so that its memory does not grow with the
+// number of scopes. The table's index is a hash of the scope under a seed
+// of this process's own, so a client cannot choose another's bucket.
+type issueLimit struct {
+	seed maphash.Seed
+	per  float64 // keys a minute, and the burst
+
+	mu      sync.Mutex
+	buckets [4096]struct {
+		spent float64   // keys issued and not yet leaked away
+		at    time.Time // when spent was last brought up to date
+	}
+}
+
+func newIssueLimit(per int) *issueLimit {
+	return &issueLimit{seed: maphash.MakeSeed(), per: float64(per)}
+}
+
+// take counts one key issued to scope, or returns how long until one may
+// be when the scope is at its limit.
+func (l *issueLimit) take(scope string) (ok bool, wait time.Duration) {
+	b := &l.buckets[maphash.String(l.seed, scope)%uint64(len(l.buckets))]
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b.spent = max(0, b.spent-now.Sub(b.at).Minutes()*l.per)
+	b.at = now
+	if b.spent+1 > l.per {
+		return false, time.Duration((b.spent + 1 - l.per) / l.per * float64(time.Minute))
+	}
+	b.spent++
+	return true, 0
+}
+
 // IssueKey issues a new key to the client of r (r's scope, see
 // [WithIssuedKeys]) and returns it: 128 bits from crypto/rand, as 26
 // characters of base32 (A-Z and 2-7). Put it in the form, or the page,
@@ -68,17 +137,23 @@ func WithIssuedKeys(ttl time.Duration) Option {
 // example KeyFromForm("idempotency_key")).
 //
 // It costs one store round trip. It returns an error wrapping
-// ErrInvalidOption when the middleware was made without WithIssuedKeys,
-// and one wrapping ErrStoreUnavailable and the store's error when the
-// store fails.
+// ErrInvalidOption when the middleware was made without WithIssuedKeys;
+// an [*Error] wrapping ErrTooManyKeys (status 429, with RetryAfter) when
+// r's scope was issued as many keys as WithIssueLimit allows, without
+// asking the store; and one wrapping ErrStoreUnavailable and the store's
+// error when the store fails.
 func (m *Middleware) IssueKey(r *http.Request) (string, error) {
 	if m.issuer == nil {
 		return "", fmt.Errorf("%w: IssueKey needs a middleware made WithIssuedKeys", ErrInvalidOption)
 	}
+	scope := m.cfg.scope(r)
+	if ok, wait := m.issued.take(scope); !ok {
+		return "", newError(ErrTooManyKeys, "Too many idempotency keys were issued to this client; retry later.", max(wait, time.Second), nil)
+	}
 	key := rand.Text()
 	h := getHasher()
 	var a [storageKeyLen]byte
-	skey := string(h.appendIssuedKey(a[:0], m.cfg.scope(r), key))
+	skey := string(h.appendIssuedKey(a[:0], scope, key))
 	putHasher(h)
 	// ErrExists under a key of 128 fresh random bits is this very Issue,
 	// resent by the store's client after a timeout: the key is issued.

@@ -200,16 +200,25 @@ func (h *hasher) appendDoKey(b []byte, op, key string) []byte {
 
 // appendFingerprint appends what identifies the request: by default a
 // hash of the method, path, query, Content-Type and body; fingerprintLen
-// bytes, or none WithoutFingerprint.
-func appendFingerprint(b []byte, h *hasher, cfg *config, r *http.Request, body []byte) []byte {
-	if cfg.noFP {
-		return b
+// bytes, or none WithoutFingerprint. Under WithIssuedKeys, whose storage
+// key does not name the route, the method and route are hashed in too,
+// whatever the comparison: an issued key is bound to the route of its
+// first use.
+func appendFingerprint(b []byte, h *hasher, cfg *config, r *http.Request, route string, body []byte) []byte {
+	h.buf = h.buf[:0]
+	if cfg.issuedTTL > 0 {
+		h.buf = appendFields(h.buf, "route", r.Method, route)
 	}
-	if cfg.fingerprint != nil {
-		h.buf = appendFields(h.buf[:0], "custom", cfg.fingerprint(r, body))
+	switch {
+	case cfg.noFP && len(h.buf) == 0:
+		return b
+	case cfg.noFP:
+		return append(b, h.sum128(nil)...)
+	case cfg.fingerprint != nil:
+		h.buf = appendFields(h.buf, "custom", cfg.fingerprint(r, body))
 		return append(b, h.sum128(nil)...)
 	}
-	h.buf = appendFields(h.buf[:0], "default", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
+	h.buf = appendFields(h.buf, "default", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("Content-Type"))
 	return append(b, h.sum128(body)...)
 }
 
@@ -225,7 +234,7 @@ func requestIDs(cfg *config, r *http.Request, route, key string, body []byte) (s
 		b = h.appendStorageKey(a[:0], cfg.scope(r), r.Method, route, key)
 	}
 	b = appendOwner(b)
-	b = appendFingerprint(b, h, cfg, r, body)
+	b = appendFingerprint(b, h, cfg, r, route, body)
 	putHasher(h)
 	all := string(b)
 	return all[:storageKeyLen], all[storageKeyLen : storageKeyLen+ownerLen], all[storageKeyLen+ownerLen:]

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -128,7 +129,14 @@ var joinEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 // number (a number is used as written). The request has no key when a
 // member of the path is absent or null, or the string is empty; a body
 // that is not JSON, or a path through something other than an object, is
-// an error. It panics without a path.
+// an error.
+//
+// So is an ambiguous member: an object of the path holding the name twice,
+// or holding another member whose name matches it but for case
+// ({"id":"evt_1","ID":"evt_2"}). encoding/json matches names without
+// regard to case and lets the last member win, so the handler would
+// process another id than the key: such a body gets 400 ErrInvalidKey. It
+// panics without a path.
 func KeyFromJSON(path ...string) KeySource {
 	if len(path) == 0 {
 		panic("idem: KeyFromJSON without a path")
@@ -137,15 +145,17 @@ func KeyFromJSON(path ...string) KeySource {
 	return func(_ *http.Request, body []byte) (string, error) {
 		raw := json.RawMessage(body)
 		for i, name := range path {
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &obj); err != nil {
-				if i == 0 {
-					return "", errors.New("the body is not a JSON object")
-				}
+			v, err := jsonMember(raw, name)
+			switch {
+			case errors.Is(err, errNotObject) && i == 0:
+				return "", errors.New("the body is not a JSON object")
+			case errors.Is(err, errNotObject):
 				return "", fmt.Errorf("the JSON member %q is not an object", strings.Join(path[:i], "."))
-			}
-			v, ok := obj[name]
-			if !ok {
+			case errors.Is(err, errAmbiguous):
+				return "", fmt.Errorf("the JSON member %q is ambiguous: its name appears more than once, perhaps in another case", strings.Join(path[:i+1], "."))
+			case err != nil:
+				return "", errors.New("the body is not valid JSON")
+			case v == nil:
 				return "", nil
 			}
 			raw = v
@@ -167,6 +177,49 @@ func KeyFromJSON(path ...string) KeySource {
 		}
 		return "", fmt.Errorf("the JSON member %q is neither a string nor a number", strings.Join(path, "."))
 	}
+}
+
+var (
+	errNotObject = errors.New("not a JSON object")
+	errAmbiguous = errors.New("ambiguous JSON member")
+)
+
+// jsonMember returns the value of the member name of the JSON object raw,
+// or nil when it has none. It returns errNotObject when raw is not an
+// object (a valid JSON value of another kind), and errAmbiguous when more
+// than one member's name equals name under Unicode case folding, which is
+// how encoding/json matches names to fields. Any other error means raw is
+// not valid JSON.
+func jsonMember(raw json.RawMessage, name string) (json.RawMessage, error) {
+	if !json.Valid(raw) {
+		return nil, errors.New("invalid JSON")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil {
+		return nil, err
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errNotObject
+	}
+	var found json.RawMessage
+	matches := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		if strings.EqualFold(key, name) {
+			if matches++; matches > 1 {
+				return nil, errAmbiguous
+			}
+			found = v
+		}
+	}
+	return found, nil
 }
 
 // sourceKey reads the key of a request with src, and checks it as a bare

@@ -180,6 +180,17 @@ func TestWithKeyRefusals(t *testing.T) {
 		{"too long", idem.KeyFromJSON("id"), sourceReq(`{"id":"`+long+`"}`, "application/json"), 400, idem.ErrInvalidKey},
 		{"control character", idem.KeyFromForm("id"), sourceReq("id=secret%0Akey", form), 400, idem.ErrInvalidKey},
 		{"header missing", idem.KeyFromHeader("X-GitHub-Delivery"), sourceReq(`{}`, "application/json", "Idempotency-Key", "secret-key"), 400, idem.ErrMissingKey},
+		// encoding/json hands the handler the last of members whose names
+		// match but for case: a key read from another would let the same
+		// event run twice (on the main before this fix the key was the
+		// first, secret-x, and the handler processed secret-y).
+		{"duplicate member", idem.KeyFromJSON("id"), sourceReq(`{"id":"secret-x","id":"secret-y"}`, "application/json"), 400, idem.ErrInvalidKey},
+		{"member in another case", idem.KeyFromJSON("id"), sourceReq(`{"id":"secret-x","ID":"secret-y"}`, "application/json"), 400, idem.ErrInvalidKey},
+		{"member in another case first", idem.KeyFromJSON("id"), sourceReq(`{"Id":"secret-y","id":"secret-x"}`, "application/json"), 400, idem.ErrInvalidKey},
+		{"member folded by Unicode", idem.KeyFromJSON("kind"), sourceReq(`{"kind":"secret-x","Kind":"secret-y"}`, "application/json"), 400, idem.ErrInvalidKey},
+		{"nested duplicate", idem.KeyFromJSON("data", "id"), sourceReq(`{"data":{"id":"secret-x","ID":"secret-y"}}`, "application/json"), 400, idem.ErrInvalidKey},
+		{"duplicate parent", idem.KeyFromJSON("data", "id"), sourceReq(`{"data":{"id":"secret-x"},"DATA":{"id":"secret-y"}}`, "application/json"), 400, idem.ErrInvalidKey},
+		{"trailing garbage", idem.KeyFromJSON("id"), sourceReq(`{"id":"secret-x"} {"id":"secret-y"}`, "application/json"), 400, idem.ErrInvalidKey},
 		{"body too large", idem.KeyFromJSON("id"), sourceReq(`{"id":"secret-id","pad":"`+strings.Repeat("x", 2048)+`"}`, "application/json"), 413, idem.ErrBodyTooLarge},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -24,6 +24,7 @@ type Middleware struct {
 	// issuer is store when the middleware accepts issued keys only
 	// (WithIssuedKeys).
 	issuer  storage.Issuer
+	issued  *issueLimit // with issuer
 	cfg     config
 	omit    func(name string) bool
 	beats   beats
@@ -60,6 +61,7 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 		if m.issuer, ok = store.(storage.Issuer); !ok {
 			return nil, invalid("WithIssuedKeys: the store (%T) does not implement storage.Issuer", store)
 		}
+		m.issued = newIssueLimit(m.cfg.issueLimit)
 	}
 	omit := m.cfg.omit
 	m.omit = func(name string) bool { return omit[name] }

@@ -41,6 +41,7 @@ type config struct {
 	omit        map[string]bool
 	rebuild     func(w http.ResponseWriter, r *http.Request) bool
 	issuedTTL   time.Duration // > 0: issued keys only (WithIssuedKeys)
+	issueLimit  int           // keys a minute per scope (WithIssueLimit)
 }
 
 func defaultConfig() config {
@@ -55,6 +56,7 @@ func defaultConfig() config {
 		cacheable:   DefaultCacheable,
 		errorWriter: WriteProblem,
 		omit:        map[string]bool{"Set-Cookie": true},
+		issueLimit:  DefaultIssueLimit,
 	}
 }
 
