@@ -11,6 +11,17 @@
 //	go run ./examples/gateway
 //	curl -i -X POST localhost:8080/orders -H 'Idempotency-Key: k1' -d '{}'   # twice: same answer, upstream ran once
 //
+// A proxied request whose outcome is unknown is never sent to the upstream
+// twice. When the upstream cannot be reached (the connection was refused,
+// nothing was written), the gateway answers 502 and the key is released,
+// so a retry tries again. When the round trip fails after the request went
+// out (a timeout, a reset, the client giving up while the upstream works),
+// the upstream may have acted on it: the gateway marks the execution done
+// with idem.MarkDone before answering 502, and retries get 409 instead of
+// a second upstream call. A client that goes away while the upstream's
+// answer is being copied makes the proxy panic with http.ErrAbortHandler
+// after the status went out, and the middleware keeps that key done too.
+//
 // The route that scopes records is the URL path: a proxy has no route
 // patterns. Records are scoped by the Authorization header by default; a
 // gateway that authenticates otherwise must set idem.WithScope.
@@ -23,6 +34,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"os"
@@ -96,10 +108,31 @@ func newGateway(store storage.Store, target *url.URL) (http.Handler, *idem.Middl
 			r.SetURL(target)
 			r.SetXForwarded()
 		},
-		// An unreachable upstream answers 502: not stored, so a retry
-		// tries the upstream again.
+		// A round trip that fails answers 502: released when the request
+		// never went out (a retry tries the upstream again), kept as done
+		// when it did (see markSent).
+		Transport: markSent{http.DefaultTransport},
 	}
 	return nethttp.Middleware(m)(proxy), m, nil
+}
+
+// markSent is a transport that marks the execution of the request it
+// proxies done (idem.MarkDone) when its round trip fails after the
+// request's headers were written: the upstream may have received it and
+// acted, so the 502 that follows must not release the key for a retry.
+// A failure before that (no connection, refused) leaves the key to be
+// released. The mark errs on the safe side: headers written into the
+// connection's buffer count, even if they never left it.
+type markSent struct{ next http.RoundTripper }
+
+func (t markSent) RoundTrip(req *http.Request) (*http.Response, error) {
+	var wrote atomic.Bool
+	trace := &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }}
+	res, err := t.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	if err != nil && wrote.Load() {
+		idem.MarkDone(req.Context())
+	}
+	return res, err
 }
 
 // countingUpstream answers every request with how many it has served.
