@@ -43,7 +43,9 @@
 package echoidem
 
 import (
+	"maps"
 	"net/http"
+	"reflect"
 	"sync"
 	"sync/atomic"
 
@@ -88,7 +90,7 @@ func MiddlewareWithConfig(cfg Config) echo.MiddlewareFunc {
 		cfg.Skipper = DefaultConfig.Skipper
 	}
 	m := cfg.Middleware
-	known := &routeCache{routes: make(map[routeKey]bool)}
+	known := newRouteCache()
 	tmpl := new(atomic.Pointer[template])
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -162,7 +164,8 @@ var responsePool = sync.Pool{New: func() any { return new(echo.Response) }}
 // no route for the request's method. c.Path() alone does not tell: it is ""
 // for a plain 404, but holds a pattern for a 405 (a route exists for other
 // methods) and for a route registered with RouteNotFound, which Group.Use
-// registers for every group that has middleware ("/api/*").
+// registers for every group that has middleware ("/api/*"). route
+// allocates nothing once it has indexed the router's routes.
 func (known *routeCache) route(c echo.Context) string {
 	p := c.Path()
 	if p == "" || c.Get(echo.ContextKeyHeaderAllow) != nil {
@@ -174,21 +177,26 @@ func (known *routeCache) route(c echo.Context) string {
 		rt = e.Router()
 	}
 	method := c.Request().Method
-	k := routeKey{rt, method, p}
-	known.mu.RLock()
-	found := known.routes[k]
-	known.mu.RUnlock()
-	if found {
+	ix := known.index(rt)
+	if ix == nil { // the routes cannot be counted: scan them
+		return scanRoutes(rt, method, p)
+	}
+	if _, ok := ix.routes[routeKey{method, p}]; ok {
 		return p
 	}
+	if _, ok := ix.notFound[p]; ok {
+		return ""
+	}
+	return p
+}
+
+// scanRoutes is route for a router whose routes route cannot index.
+func scanRoutes(rt *echo.Router, method, p string) string {
 	notFound := false
 	for _, r := range rt.Routes() {
 		switch {
 		case r.Path != p:
 		case r.Method == method:
-			known.mu.Lock()
-			known.routes[k] = true
-			known.mu.Unlock()
 			return p
 		case r.Method == echo.RouteNotFound:
 			notFound = true
@@ -200,17 +208,80 @@ func (known *routeCache) route(c echo.Context) string {
 	return p
 }
 
-// routeCache remembers the routes found registered, so that route scans a
-// router's routes only the first time. Echo has no way to remove a route,
-// so a route once found stays registered; what was not found is looked up
-// again each time. It holds at most one entry per route and method of the
-// routers the middleware serves.
+// routeCache holds an index of the routes of each router the middleware
+// serves, the routes Router.Routes lists, so that route finds a request's
+// route without building that list on every request. Echo cannot remove a
+// route, and adding one (not just replacing a route's handler) adds an
+// entry to the map behind Routes: an index stays exact while that map has
+// the length it had when the index was built, and is rebuilt otherwise.
 type routeCache struct {
-	mu     sync.RWMutex
-	routes map[routeKey]bool
+	mu      sync.Mutex                                   // serializes rebuilds
+	indexes atomic.Pointer[map[*echo.Router]*routeIndex] // copied on write
 }
 
-type routeKey struct {
-	rt           *echo.Router
-	method, path string
+func newRouteCache() *routeCache { return new(routeCache) }
+
+// routeIndex is what Router.Routes listed when it had n routes.
+type routeIndex struct {
+	n        int
+	routes   map[routeKey]struct{} // method and path of each route
+	notFound map[string]struct{}   // paths with a RouteNotFound route
+}
+
+type routeKey struct{ method, path string }
+
+// index returns the index of rt's current routes, or nil if they cannot be
+// counted.
+func (known *routeCache) index(rt *echo.Router) *routeIndex {
+	n := routeCount(rt)
+	if n < 0 {
+		return nil
+	}
+	if m := known.indexes.Load(); m != nil {
+		if ix := (*m)[rt]; ix != nil && ix.n == n {
+			return ix
+		}
+	}
+	known.mu.Lock()
+	defer known.mu.Unlock()
+	old := known.indexes.Load()
+	if old != nil {
+		if ix := (*old)[rt]; ix != nil && ix.n == n {
+			return ix
+		}
+	}
+	routes := rt.Routes()
+	ix := &routeIndex{n: n, routes: make(map[routeKey]struct{}, len(routes)), notFound: make(map[string]struct{})}
+	for _, r := range routes {
+		ix.routes[routeKey{r.Method, r.Path}] = struct{}{}
+		if r.Method == echo.RouteNotFound {
+			ix.notFound[r.Path] = struct{}{}
+		}
+	}
+	m := make(map[*echo.Router]*routeIndex, 1)
+	if old != nil {
+		maps.Copy(m, *old)
+	}
+	m[rt] = ix
+	known.indexes.Store(&m)
+	return ix
+}
+
+// routesField is the index of Router's map of routes, the one Routes lists,
+// or -1 if this version of Echo has none.
+var routesField = func() int {
+	f, ok := reflect.TypeFor[echo.Router]().FieldByName("routes")
+	if !ok || len(f.Index) != 1 || f.Type.Kind() != reflect.Map {
+		return -1
+	}
+	return f.Index[0]
+}()
+
+// routeCount returns the number of routes Router.Routes would list, without
+// building the list (Echo has no other way to tell), or -1 if it cannot.
+func routeCount(rt *echo.Router) int {
+	if routesField < 0 {
+		return -1
+	}
+	return reflect.ValueOf(rt).Elem().Field(routesField).Len()
 }

@@ -1,8 +1,10 @@
 package echoidem_test
 
 import (
+	"bufio"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -379,4 +381,102 @@ func TestOuterHeaderNotReplayed(t *testing.T) {
 		first := e.Post("/o", "k", "")
 		conformance.WantOwnHeaders(t, first, e.Post("/o", "k", ""))
 	})
+}
+
+// failingHijacker is a server writer that can hijack in principle but
+// refuses: its Hijack returns an error.
+type failingHijacker struct{ *httptest.ResponseRecorder }
+
+func (failingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, errors.New("hijack refused")
+}
+
+// A Hijack that fails sends nothing: the handler may still answer, and the
+// status it then sets is what the client gets, what c.Response() reports
+// (to the handler and to the middleware before idem's), what is recorded
+// and what the retry replays.
+func TestStatusAfterFailedHijack(t *testing.T) {
+	writers := []struct {
+		name string
+		wrap func(*httptest.ResponseRecorder) http.ResponseWriter
+	}{
+		{"writer cannot hijack", func(rec *httptest.ResponseRecorder) http.ResponseWriter { return rec }},
+		{"hijack returns an error", func(rec *httptest.ResponseRecorder) http.ResponseWriter { return failingHijacker{rec} }},
+	}
+	answers := []struct {
+		name, body, contentType string
+		status                  int
+		committed               bool // the status went out before the Hijack
+		answer                  func(c echo.Context) error
+	}{
+		{"c.JSON(201)", "{\"id\":1}\n", "application/json", 201, false, func(c echo.Context) error { return c.JSON(http.StatusCreated, map[string]int{"id": 1}) }},
+		{"c.NoContent(201)", "", "", 201, false, func(c echo.Context) error { return c.NoContent(http.StatusCreated) }},
+		{"NewHTTPError(402)", "{\"message\":\"declined\"}\n", "application/json", 402, false, func(c echo.Context) error {
+			return echo.NewHTTPError(http.StatusPaymentRequired, "declined")
+		}},
+		{"WriteHeader(202) before", "queued", "text/plain", 202, true, func(c echo.Context) error {
+			_, err := c.Response().Write([]byte("queued"))
+			return err
+		}},
+	}
+	for _, wr := range writers {
+		for _, a := range answers {
+			t.Run(wr.name+"/"+a.name, func(t *testing.T) {
+				m := conformance.NewMiddleware(t)
+				var runs atomic.Int64
+				var logged []int
+				e := newEcho()
+				e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+					return func(c echo.Context) error {
+						err := next(c)
+						logged = append(logged, c.Response().Status)
+						return err
+					}
+				})
+				e.POST("/o", func(c echo.Context) error {
+					runs.Add(1)
+					res := c.Response()
+					if a.committed {
+						res.Header().Set("Content-Type", "text/plain")
+						res.WriteHeader(a.status)
+					}
+					if _, _, err := res.Hijack(); err == nil {
+						t.Fatal("Hijack succeeded")
+					}
+					if _, _, err := http.NewResponseController(res).Hijack(); err == nil {
+						t.Fatal("ResponseController.Hijack succeeded")
+					}
+					if res.Committed != a.committed {
+						t.Errorf("after the failed Hijack: Committed %v, want %v", res.Committed, a.committed)
+					}
+					err := a.answer(c)
+					if err == nil && (res.Status != a.status || !res.Committed) {
+						t.Errorf("c.Response(): Status %d, Committed %v, want %d, true", res.Status, res.Committed, a.status)
+					}
+					return err
+				}, echoidem.Middleware(m))
+				post := func() *httptest.ResponseRecorder {
+					rec := httptest.NewRecorder()
+					req := httptest.NewRequest(http.MethodPost, "/o", strings.NewReader("{}"))
+					req.Header.Set("Idempotency-Key", "k")
+					e.ServeHTTP(wr.wrap(rec), req)
+					return rec
+				}
+				for i, want := range []string{"", "true"} {
+					rec := post()
+					if rec.Code != a.status || rec.Body.String() != a.body ||
+						rec.Header().Get("Content-Type") != a.contentType || rec.Header().Get("Idempotent-Replayed") != want {
+						t.Errorf("request %d: %d %q %q replayed=%q, want %d %q %q replayed=%q", i+1, rec.Code,
+							rec.Header().Get("Content-Type"), rec.Body, rec.Header().Get("Idempotent-Replayed"), a.status, a.contentType, a.body, want)
+					}
+				}
+				if n := runs.Load(); n != 1 {
+					t.Errorf("handler ran %d times, want 1", n)
+				}
+				if want := []int{a.status, a.status}; !slices.Equal(logged, want) {
+					t.Errorf("outer middleware saw c.Response().Status %v, want %v", logged, want)
+				}
+			})
+		}
+	}
 }

@@ -22,8 +22,13 @@
 // keeps Gin's semantics (the last c.Status wins, headers go out at the first
 // write or WriteHeaderNow, Status, Size and Written report what Gin would)
 // and records the response; c.Writer is restored when the handler returns
-// or panics. After a replay or a refusal the middleware calls c.Abort, so
-// the handlers after it do not run.
+// or panics. A Hijack that fails sends nothing and leaves the response
+// unwritten, so the handler can still answer with any status (with Gin's
+// own writer that status would be lost); if Gin's writer underneath then
+// still reports another status, the middleware before this one gets a
+// c.Writer reporting the status the client got. After a replay or a
+// refusal the middleware calls c.Abort, so the handlers after it do not
+// run.
 package ginidem
 
 import (
@@ -47,17 +52,18 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 		panic("ginidem: nil *idem.Middleware")
 	}
 	return func(c *gin.Context) {
+		orig := c.Writer
+		gw := writerPool.Get().(*writer)
+		gw.base = base{w: orig}
 		ran := false
-		m.Serve(c.Writer, c.Request, c.FullPath(), func(w http.ResponseWriter, r *http.Request, cw *response.Capture) {
+		m.Serve(&gw.base, c.Request, c.FullPath(), func(w http.ResponseWriter, r *http.Request, cw *response.Capture) {
 			ran = true
 			c.Request = r
-			if cw == nil { // not protected: w is c.Writer
+			if cw == nil { // not protected: the handlers keep c.Writer
 				c.Next()
 				return
 			}
-			orig := c.Writer
-			gw := writerPool.Get().(*writer)
-			*gw = writer{cw: cw, status: orig.Status(), size: -1}
+			gw.cw, gw.status, gw.set, gw.size = cw, orig.Status(), false, -1
 			c.Writer = gw
 			defer func() { c.Writer = orig }()
 			c.Next()
@@ -68,21 +74,98 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 				// up on a canceled request).
 				cw.WriteHeader(gw.status)
 			}
-			// Like Gin's own Context, the writer is reused once the
-			// handlers have returned (not after a panic).
-			*gw = writer{}
-			writerPool.Put(gw)
 		})
 		if !ran { // m answered itself: a replay or a refusal
 			c.Abort()
 		}
+		if gw.base.raw != nil && gw.base.status != 0 && gw.base.status != orig.Status() {
+			// Gin's writer took a failed Hijack for the response being
+			// written and ignores the status sent since: report that one.
+			c.Writer = &sentStatus{ResponseWriter: orig, status: gw.base.status}
+		}
+		// Like Gin's own Context, the writer is reused once the handlers
+		// have returned (not after a panic).
+		*gw = writer{}
+		writerPool.Put(gw)
 	}
 }
+
+// base is the writer m.Serve, and so the capture, writes to: Gin's
+// c.Writer, except after a Hijack that failed once Gin's writer had marked
+// itself written (it does so before trying, and then ignores any status).
+// Nothing was sent then, so base sends the status beneath Gin's writer,
+// keeping what the client gets and what is recorded the same.
+type base struct {
+	w      gin.ResponseWriter
+	raw    http.ResponseWriter // beneath w, after such a Hijack
+	status int                 // the final status given to w, then sent to raw
+}
+
+func (b *base) Header() http.Header { return b.w.Header() }
+
+func (b *base) WriteHeader(code int) {
+	if b.status == 0 && (code == http.StatusSwitchingProtocols || code >= 200 && code <= 999) {
+		b.status = code
+	}
+	if b.raw == nil {
+		b.w.WriteHeader(code)
+		return
+	}
+	b.raw.WriteHeader(code)
+}
+
+// Write, WriteString and Flush go through Gin's writer, which counts the
+// bytes; once it is marked written it passes them on as they are.
+func (b *base) Write(p []byte) (int, error)       { return b.w.Write(p) }
+func (b *base) WriteString(s string) (int, error) { return b.w.WriteString(s) }
+func (b *base) Flush()                            { b.w.Flush() }
+
+// Unwrap returns Gin's writer, for http.ResponseController and
+// response.Innermost.
+func (b *base) Unwrap() http.ResponseWriter { return b.w }
+
+// Hijack hijacks through Gin's writer. If that fails after Gin's writer
+// marked itself written, the status it was given (the capture sends a
+// committed status before hijacking, as net/http does) goes beneath it.
+func (b *base) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	written := b.w.Written()
+	conn, rw, err := b.w.Hijack()
+	if err != nil && !written && b.w.Written() {
+		if u, ok := b.w.(interface{ Unwrap() http.ResponseWriter }); ok {
+			b.raw = u.Unwrap()
+			if b.status != 0 {
+				b.raw.WriteHeader(b.status)
+			}
+		}
+	}
+	return conn, rw, err
+}
+
+// intact reports whether a status may still be sent after a failed Hijack:
+// Gin's writer is not written, or base sends beneath it. It is false when
+// Gin's writer was written before, or when it is another middleware's
+// gin.ResponseWriter with no Unwrap that a failed Hijack marked written:
+// the client then gets an implicit 200, as with Gin alone, and so does the
+// record.
+func (b *base) intact() bool {
+	return b.raw != nil || !b.w.Written()
+}
+
+// sentStatus is c.Writer, for the middleware before this one, after base
+// sent the status beneath Gin's writer.
+type sentStatus struct {
+	gin.ResponseWriter
+	status int
+}
+
+func (s *sentStatus) Status() int                 { return s.status }
+func (s *sentStatus) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // writer is the gin.ResponseWriter the handlers see while m records the
 // response. Like Gin's own, it only records the status until the first
 // Write, WriteHeaderNow or Flush, and the last status recorded wins.
 type writer struct {
+	base   base // what m.Serve writes to
 	cw     *response.Capture
 	status int
 	set    bool // WriteHeader was called
@@ -137,18 +220,26 @@ func (w *writer) FlushError() error {
 // errHijackAfterBody is Gin's answer to a Hijack after body bytes.
 var errHijackAfterBody = errors.New("ginidem: response body already written")
 
-// Hijack follows Gin: allowed until body bytes were written. It returns an
-// error wrapping http.ErrNotSupported when the server's writer cannot
-// hijack, where Gin's own writer would panic.
+// Hijack follows Gin: allowed until body bytes were written, and once it
+// succeeds the response counts as written. A Hijack that fails sends
+// nothing and leaves the writer as it was, so the handler can still answer
+// with any status, where Gin's own writer would panic (the server's writer
+// cannot hijack) or lose that status (the hijack returned an error). When
+// the server's writer cannot hijack the error wraps http.ErrNotSupported.
 func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if w.size > 0 {
 		return nil, nil, errHijackAfterBody
 	}
-	w.size = max(w.size, 0)
 	if _, ok := response.Innermost(w.cw).(http.Hijacker); !ok {
 		return nil, nil, fmt.Errorf("ginidem: hijack: %w", http.ErrNotSupported)
 	}
-	return w.cw.Hijack()
+	size := w.size
+	w.size = 0
+	conn, rw, err := w.cw.Hijack()
+	if err != nil && w.base.intact() {
+		w.size = size
+	}
+	return conn, rw, err
 }
 
 // CloseNotify returns the server's close notification channel, or nil

@@ -1,7 +1,10 @@
 package ginidem_test
 
 import (
+	"bufio"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -365,7 +368,7 @@ func TestWriterOnRecorder(t *testing.T) {
 		check("CloseNotify is nil", w.CloseNotify() == nil)
 		_, _, err := w.Hijack()
 		check("Hijack fails", err != nil)
-		check("initial state", w.Status() == 200 && w.Size() == 0 && w.Written()) // Hijack marks it written, as in Gin
+		check("initial state", w.Status() == 200 && w.Size() == -1 && !w.Written()) // a failed Hijack changes nothing
 	})
 	r.POST("/w", ginidem.Middleware(m), func(c *gin.Context) {
 		w := c.Writer
@@ -425,4 +428,92 @@ func TestOuterHeaderNotReplayed(t *testing.T) {
 		first := e.Post("/o", "k", "")
 		conformance.WantOwnHeaders(t, first, e.Post("/o", "k", ""))
 	})
+}
+
+// failingHijacker is a server writer that can hijack in principle but
+// refuses: its Hijack returns an error (a wrapper whose own writer cannot,
+// a connection already taken over).
+type failingHijacker struct{ *httptest.ResponseRecorder }
+
+func (failingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, errors.New("hijack refused")
+}
+
+// A Hijack that fails sends nothing: the handler may still answer, and the
+// status it then sets is what the client gets, what c.Writer reports (to
+// the handler and to the middleware before idem's), what is recorded and
+// what the retry replays.
+func TestStatusAfterFailedHijack(t *testing.T) {
+	writers := []struct {
+		name string
+		wrap func(*httptest.ResponseRecorder) http.ResponseWriter
+	}{
+		{"writer cannot hijack", func(rec *httptest.ResponseRecorder) http.ResponseWriter { return rec }},
+		{"hijack returns an error", func(rec *httptest.ResponseRecorder) http.ResponseWriter { return failingHijacker{rec} }},
+	}
+	answers := []struct {
+		name, body, contentType string
+		status                  int
+		committed               bool // the status went out before the Hijack
+		answer                  func(c *gin.Context)
+	}{
+		{"c.JSON(201)", `{"id":1}`, "application/json; charset=utf-8", 201, false, func(c *gin.Context) { c.JSON(http.StatusCreated, gin.H{"id": 1}) }},
+		{"c.Status(201)", "", "", 201, false, func(c *gin.Context) { c.Status(http.StatusCreated) }}, // bodyless: sent after the chain
+		{"WriteHeaderNow(202) before", "queued", "text/plain", 202, true, func(c *gin.Context) { c.Writer.WriteString("queued") }},
+	}
+	for _, wr := range writers {
+		for _, a := range answers {
+			t.Run(wr.name+"/"+a.name, func(t *testing.T) {
+				m := conformance.NewMiddleware(t)
+				var runs atomic.Int64
+				var logged []int
+				r := gin.New()
+				r.Use(func(c *gin.Context) {
+					c.Next()
+					logged = append(logged, c.Writer.Status())
+				})
+				r.POST("/o", ginidem.Middleware(m), func(c *gin.Context) {
+					runs.Add(1)
+					wantSize := -1
+					if a.committed {
+						c.Header("Content-Type", "text/plain")
+						c.Status(a.status)
+						c.Writer.WriteHeaderNow()
+						wantSize = 0
+					}
+					if _, _, err := c.Writer.Hijack(); err == nil {
+						t.Fatal("Hijack succeeded")
+					}
+					if c.Writer.Written() != a.committed || c.Writer.Size() != wantSize {
+						t.Errorf("after the failed Hijack: Written %v, Size %d, want %v, %d", c.Writer.Written(), c.Writer.Size(), a.committed, wantSize)
+					}
+					a.answer(c)
+					if s := c.Writer.Status(); s != a.status {
+						t.Errorf("c.Writer.Status() = %d, want %d", s, a.status)
+					}
+				})
+				post := func() *httptest.ResponseRecorder {
+					rec := httptest.NewRecorder()
+					req := httptest.NewRequest(http.MethodPost, "/o", strings.NewReader("{}"))
+					req.Header.Set("Idempotency-Key", "k")
+					r.ServeHTTP(wr.wrap(rec), req)
+					return rec
+				}
+				for i, want := range []string{"", "true"} {
+					rec := post()
+					if rec.Code != a.status || rec.Body.String() != a.body ||
+						rec.Header().Get("Content-Type") != a.contentType || rec.Header().Get("Idempotent-Replayed") != want {
+						t.Errorf("request %d: %d %q %q replayed=%q, want %d %q %q replayed=%q", i+1, rec.Code,
+							rec.Header().Get("Content-Type"), rec.Body, rec.Header().Get("Idempotent-Replayed"), a.status, a.contentType, a.body, want)
+					}
+				}
+				if n := runs.Load(); n != 1 {
+					t.Errorf("handler ran %d times, want 1", n)
+				}
+				if want := []int{a.status, a.status}; !slices.Equal(logged, want) {
+					t.Errorf("outer middleware saw c.Writer.Status() %v, want %v", logged, want)
+				}
+			})
+		}
+	}
 }
