@@ -1,30 +1,40 @@
 // Package storage defines the contract between the idem middleware and the
 // place where it keeps idempotency records.
 //
-// The package holds only the [Store] interface, its result types and its
-// errors, so that a program that uses the in-memory store never compiles a
-// Redis client. Implementations live below it: storage/memstore (one
-// process) and storage/redisstore (shared by every instance of a service).
-// storage/storagetest is an exported contract suite that every Store,
-// including one written by a user, must pass.
+// The package holds only the [Store] interface, its optional interfaces
+// ([RecordKeeper], [Issuer]), their result types and their errors, so
+// that a program that uses the in-memory store never compiles a Redis or
+// PostgreSQL client. Implementations live below it: storage/memstore (one
+// process), storage/redisstore and storage/pgstore (shared by every
+// instance of a service). storage/storagetest is an exported contract
+// suite that every Store, including one written by a user, must pass.
 //
 // # The protocol
 //
-// An entry moves through two states. [Store.Acquire] creates it in the
+// An entry is processing or done. [Store.Acquire] creates it in the
 // processing state, held by an owner token for a lease; the owner extends
 // the lease with [Store.Extend] while its handler runs and ends it with
-// either [Store.Complete] (the entry becomes done and holds the encoded
-// response for the TTL) or [Store.Release] (the entry is deleted so a retry
-// may run the handler again). An entry whose lease runs out disappears, so a
-// crashed process never holds a key for longer than its lease.
+// either [Store.Complete] (the entry becomes done, holds the encoded
+// response for the TTL and remembers the owner that completed it) or
+// [Store.Release] (the entry is deleted so a retry may run the handler
+// again). An entry whose lease runs out disappears, so a crashed process
+// never holds a key for longer than its lease. An [Issuer] adds a third
+// state, issued, before processing (and to which Release returns an
+// entry taken from an issue). A store may add states of its own,
+// which change this protocol where its documentation says: pgstore's
+// committed state (its Fence) does.
 //
 // Every method is atomic and costs one round trip. Every method is safe to
 // run twice with the same arguments (a Redis client may resend a command
 // after a timeout): acquiring again with the same owner succeeds and renews
-// the lease, completing again with the same record succeeds, releasing an
-// entry that is already gone succeeds. The exception is [Issuer.Issue],
-// whose resend answers ErrExists: its caller, who chose a fresh random
-// key, takes that as success.
+// the lease, completing again with the same owner and the same record
+// succeeds, releasing an entry that is already gone succeeds. The
+// exception is [Issuer.Issue], whose resend answers ErrExists: its
+// caller, who chose a fresh random key, takes that as success. A done
+// entry takes a Complete as a resend only from the owner that completed
+// it: any other owner gets ErrNotOwner, even with an identical record, so
+// an execution that lost its lease while another owner ran and completed
+// is never taken for a resend, and a double run is not hidden.
 package storage
 
 import (
@@ -40,7 +50,8 @@ import (
 var (
 	// ErrNotOwner means the entry is not, or no longer, held by the given
 	// owner: its lease ran out and it vanished or was taken by another
-	// owner, or it is already done. Nothing was changed.
+	// owner, or it is already done (and, for Complete, not by this owner
+	// with this record). Nothing was changed.
 	ErrNotOwner = errors.New("storage: lease not held by this owner")
 
 	// ErrFull means the store is at its size bound and holds nothing it may
@@ -60,7 +71,7 @@ var (
 // MaxFingerprintLen is the longest fingerprint a Store must accept.
 const MaxFingerprintLen = 255
 
-// State is the outcome of [Store.Acquire].
+// State is the outcome of [Store.Acquire] or [Issuer.AcquireIssued].
 type State uint8
 
 const (
@@ -76,7 +87,8 @@ const (
 	NotIssued
 )
 
-// String returns "acquired", "in flight", "done" or "State(n)".
+// String returns "acquired", "in flight", "done", "not issued" or
+// "State(n)".
 func (s State) String() string {
 	switch s {
 	case Acquired:
@@ -91,21 +103,25 @@ func (s State) String() string {
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Result is what [Store.Acquire] found or did.
+// Result is what [Store.Acquire] or [Issuer.AcquireIssued] found or did.
 type Result struct {
-	// State says which of the three outcomes happened.
+	// State says which of the four outcomes happened (NotIssued from
+	// AcquireIssued only).
 	State State
 
 	// Fingerprint is the fingerprint given when the existing entry was
-	// acquired. Set for InFlight and Done; empty for Acquired.
+	// acquired. Set for InFlight and Done; empty for Acquired and
+	// NotIssued.
 	Fingerprint string
 
 	// LeaseLeft is how long the other owner's lease still runs. Set for
 	// InFlight only; at least one millisecond.
 	LeaseLeft time.Duration
 
-	// Record is the record stored by [Store.Complete]. Set for Done only.
-	// It may share memory with the store: the caller must not modify it.
+	// Record is the record stored by [Store.Complete] (or one a store
+	// makes for a state of its own, as pgstore does for a committed entry
+	// whose lease ran out). Set for Done only. It may share memory with
+	// the store: the caller must not modify it.
 	Record []byte
 }
 
@@ -122,6 +138,8 @@ type Store interface {
 	//   - No entry (or an expired one): a processing entry is created,
 	//     owned by owner, remembering fingerprint, expiring after lease.
 	//     The result is Acquired.
+	//   - An issued entry (in an [Issuer]): taken as AcquireIssued takes
+	//     it. The result is Acquired.
 	//   - A processing entry owned by owner: its lease is renewed to lease
 	//     and the result is Acquired (a resend of the same acquire).
 	//   - A processing entry owned by someone else: InFlight, with the
@@ -135,13 +153,15 @@ type Store interface {
 	Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (Result, error)
 
 	// Complete turns owner's processing entry into a done entry that holds
-	// record and expires after ttl; the fingerprint is kept. The store must
-	// not retain record after Complete returns (the caller reuses the
-	// buffer): it copies what it keeps. If the entry is already done with
-	// exactly this record,
-	// Complete returns nil (a resend). Otherwise, when owner does not hold
-	// the entry (missing, another owner, done with another record), it
-	// returns ErrNotOwner and changes nothing. ErrInvalid for a ttl <= 0.
+	// record, remembers owner as the one that completed it and expires
+	// after ttl; the fingerprint is kept. The store must not retain record
+	// after Complete returns (the caller reuses the buffer): it copies what
+	// it keeps. If the entry is already done, completed by this owner with
+	// exactly this record, Complete returns nil (a resend). Otherwise, when
+	// owner does not hold the entry (missing, issued, held by another
+	// owner, done by another owner even with an identical record, or done
+	// with another record), it returns ErrNotOwner and changes nothing.
+	// ErrInvalid for a ttl <= 0.
 	Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
 
 	// Release deletes owner's processing entry so that a later Acquire
@@ -154,9 +174,10 @@ type Store interface {
 	Release(ctx context.Context, key, owner string) error
 
 	// Extend renews owner's lease to lease from now. It returns ErrNotOwner
-	// when owner does not hold a processing entry for key (an issued entry
-	// has no owner), and ErrInvalid
-	// for a lease <= 0.
+	// when owner does not hold a processing entry for key (an issued or
+	// done entry has no lease), and ErrInvalid for a lease <= 0. A store
+	// with states of its own may extend more: pgstore renews the lease on
+	// the owner's committed entry too, leaving its expiry alone.
 	Extend(ctx context.Context, key, owner string, lease time.Duration) error
 }
 

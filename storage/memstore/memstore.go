@@ -6,7 +6,8 @@
 // The store is safe for concurrent use (one mutex: the store is the
 // atomicity boundary), expires entries by their lease or TTL as read from
 // an injectable clock, bounds its number of entries without ever evicting
-// an entry in flight, and runs one janitor goroutine, which [Store.Close]
+// an entry in flight (issued entries go first, then done ones: see
+// [WithMaxEntries]), and runs one janitor goroutine, which [Store.Close]
 // stops. It is a [storage.Issuer]: it keeps server-issued keys too.
 package memstore
 
@@ -41,8 +42,8 @@ type Store struct {
 	entries  map[string]*entry
 	byExpiry expiryHeap // every entry, the one expiring soonest first
 	epoch    time.Time  // the clock's time at New: heap keys are offsets from it
-	oldest   *entry     // done and issued entries, in the order they became so: oldest ...
-	newest   *entry     // ... to newest, linked through prev and next
+	issued   evictList  // issued entries, in the order they became issued
+	done     evictList  // done entries, in the order they were completed
 	bytes    int
 
 	stop     chan struct{}
@@ -55,23 +56,24 @@ var (
 	_ storage.Issuer       = (*Store)(nil)
 )
 
-// entry is one key's entry: processing (owner set), done (done set) or
-// issued (neither: no owner, no fingerprint).
+// entry is one key's entry: processing (owner set, not done), done (done
+// set, owner the one that completed it) or issued (neither: no owner, no
+// fingerprint).
 type entry struct {
 	key         string
 	fingerprint string
-	owner       string // while processing; never empty then
+	owner       string // processing: the lease's holder; done: who completed it; never empty then
 	record      []byte // when done; never nil then
 	done        bool
 	issueTTL    time.Duration // issued, or processing taken from an issue: the issue's TTL; 0 otherwise
 	expires     time.Time
 	index       int    // position in Store.byExpiry
-	prev, next  *entry // neighbours in the list of done and issued entries
+	prev, next  *entry // neighbours in Store.issued or Store.done
 }
 
-// evictable reports whether the entry is done or issued (no owner): only
-// those are in the list that the bound evicts from.
-func (e *entry) evictable() bool { return e.owner == "" }
+// inFlight reports whether the entry is processing: a lease holds it, and
+// the bound never evicts it.
+func (e *entry) inFlight() bool { return !e.done && e.owner != "" }
 
 func (e *entry) size() int {
 	return len(e.key) + len(e.fingerprint) + len(e.owner) + len(e.record)
@@ -94,15 +96,23 @@ func WithClock(now func() time.Time) Option {
 // WithMaxEntries bounds the number of entries, [DefaultMaxEntries] by
 // default; n <= 0 keeps the default.
 //
-// When the store is full, Acquire or Issue of a new key first drops every
-// expired entry, then evicts the entry that has been done or issued for
-// longest: a done entry completed longest ago (so a retry of that request
-// would run its handler again), or an issued entry that has waited longest
-// since it was issued or released (its key is then no longer accepted:
-// AcquireIssued answers [storage.NotIssued]; nothing runs twice). It never
-// evicts an entry in flight: when only those remain, Acquire and Issue
-// fail with an error wrapping [storage.ErrFull]. Making room costs
-// O(log n) per entry dropped.
+// When the store is full, Acquire or Issue of a new key makes room for
+// it, in this order:
+//
+//  1. It drops every expired entry.
+//  2. Else it evicts the issued entry that has waited longest since it was
+//     issued or released. Its key is then no longer accepted
+//     (AcquireIssued answers [storage.NotIssued]), but nothing runs twice.
+//  3. Else, only when no issued entry is left, it evicts the done entry
+//     completed longest ago: a retry of that request would run its
+//     handler again.
+//  4. It never evicts an entry in flight: when only those remain, Acquire
+//     and Issue fail with an error wrapping [storage.ErrFull].
+//
+// So a flood of Issue calls (each form load issues a key) evicts issued
+// entries, the oldest first, and never a completed record while an issued
+// entry is left; it fails only when every entry is in flight. Making room
+// costs O(log n) per entry dropped.
 func WithMaxEntries(n int) Option {
 	return func(s *Store) {
 		if n > 0 {
@@ -202,10 +212,22 @@ func (s *Store) Bytes() int {
 func (s *Store) remove(e *entry) {
 	delete(s.entries, e.key)
 	s.byExpiry.remove(e.index)
-	if e.evictable() {
-		s.unlink(e)
+	if l := s.listOf(e); l != nil {
+		l.unlink(e)
 	}
 	s.bytes -= e.size()
+}
+
+// listOf returns the list of evictable entries that e belongs in: done,
+// issued, or none for an entry in flight.
+func (s *Store) listOf(e *entry) *evictList {
+	switch {
+	case e.done:
+		return &s.done
+	case e.owner == "":
+		return &s.issued
+	}
+	return nil
 }
 
 func (s *Store) setExpiry(e *entry, t time.Time) {
@@ -214,29 +236,34 @@ func (s *Store) setExpiry(e *entry, t time.Time) {
 	s.byExpiry.fix(e.index)
 }
 
-// push appends e, done or issued, to the list of entries that may be
-// evicted, as its newest.
-func (s *Store) push(e *entry) {
-	e.prev, e.next = s.newest, nil
-	if s.newest != nil {
-		s.newest.next = e
-	} else {
-		s.oldest = e
-	}
-	s.newest = e
+// evictList is a list of entries that the bound may evict, linked through
+// their prev and next, oldest first.
+type evictList struct {
+	oldest, newest *entry
 }
 
-// unlink takes e out of the list of entries that may be evicted.
-func (s *Store) unlink(e *entry) {
+// push appends e as the newest.
+func (l *evictList) push(e *entry) {
+	e.prev, e.next = l.newest, nil
+	if l.newest != nil {
+		l.newest.next = e
+	} else {
+		l.oldest = e
+	}
+	l.newest = e
+}
+
+// unlink takes e out of the list.
+func (l *evictList) unlink(e *entry) {
 	if e.prev != nil {
 		e.prev.next = e.next
 	} else {
-		s.oldest = e.next
+		l.oldest = e.next
 	}
 	if e.next != nil {
 		e.next.prev = e.prev
 	} else {
-		s.newest = e.prev
+		l.newest = e.prev
 	}
 	e.prev, e.next = nil, nil
 }
@@ -288,7 +315,7 @@ func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, iss
 		case e.done:
 			return storage.Result{State: storage.Done, Fingerprint: e.fingerprint, Record: e.record}, nil
 		case e.owner == "": // issued: taken, remembering the issue's TTL
-			s.unlink(e)
+			s.issued.unlink(e)
 			s.bytes += len(owner) + len(fingerprint)
 			e.owner, e.fingerprint = owner, fingerprint
 			s.setExpiry(e, now.Add(lease))
@@ -311,13 +338,13 @@ func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, iss
 }
 
 // add puts a new entry in the map and the expiry heap, and in the list
-// of entries that may be evicted when it is issued.
+// of issued entries when it is issued.
 func (s *Store) add(e *entry) {
 	s.entries[e.key] = e
 	s.byExpiry.push(e, e.expires.Sub(s.epoch))
 	s.bytes += e.size()
-	if e.evictable() {
-		s.push(e)
+	if l := s.listOf(e); l != nil {
+		l.push(e)
 	}
 }
 
@@ -346,22 +373,28 @@ func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
 }
 
 // makeRoom frees at least one place, reporting whether it could: it drops
-// the expired entries, else evicts the entry done or issued longest ago.
+// the expired entries, else evicts the entry issued longest ago, else,
+// when no issued entry is left, the entry done longest ago.
 func (s *Store) makeRoom(now time.Time) bool {
 	s.dropExpired(now)
 	if len(s.entries) < s.max {
 		return true
 	}
-	if s.oldest == nil {
+	victim := s.issued.oldest
+	if victim == nil {
+		victim = s.done.oldest
+	}
+	if victim == nil {
 		return false
 	}
-	s.remove(s.oldest)
+	s.remove(victim)
 	return true
 }
 
-// Complete implements [storage.Store.Complete]. It copies record. The
-// context is not used. Errors wrap [storage.ErrNotOwner] or
-// [storage.ErrInvalid].
+// Complete implements [storage.Store.Complete]. It copies record. A done
+// entry remembers the owner that completed it: only that owner's resend
+// with the same record returns nil. The context is not used. Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid].
 func (s *Store) Complete(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	return s.complete(key, owner, record, ttl, false)
 }
@@ -382,20 +415,23 @@ func (s *Store) complete(key, owner string, record []byte, ttl time.Duration, ke
 	now := s.now()
 	e := s.live(key, now)
 	switch {
-	case e != nil && e.done && bytes.Equal(e.record, record):
-		return nil // a resend of this very completion
-	case e == nil || e.owner == "" || e.owner != owner: // missing, done, issued, another's
+	case e == nil || owner == "" || e.owner != owner: // missing, issued, another's (in flight or done)
 		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
+	case e.done:
+		if bytes.Equal(e.record, record) {
+			return nil // the owner's resend of this very completion
+		}
+		return fmt.Errorf("memstore: complete: %w: done with another record", storage.ErrNotOwner)
 	}
 	rec := record[:len(record):len(record)] // no room to append into
 	if !keep || rec == nil {
 		rec = make([]byte, len(record)) // never nil; no allocation when empty
 		copy(rec, record)
 	}
-	s.bytes += len(rec) - len(e.owner)
-	e.owner, e.record, e.done, e.issueTTL = "", rec, true, 0
+	s.bytes += len(rec) // the owner stays: a resend must come from it
+	e.record, e.done, e.issueTTL = rec, true, 0
 	s.setExpiry(e, now.Add(roundUp(ttl)))
-	s.push(e)
+	s.done.push(e)
 	return nil
 }
 
@@ -417,7 +453,7 @@ func (s *Store) Release(_ context.Context, key, owner string) error {
 		s.bytes -= len(e.owner) + len(e.fingerprint)
 		e.owner, e.fingerprint = "", ""
 		s.setExpiry(e, now.Add(e.issueTTL))
-		s.push(e)
+		s.issued.push(e)
 		return nil
 	}
 	s.remove(e)
@@ -434,7 +470,7 @@ func (s *Store) Extend(_ context.Context, key, owner string, lease time.Duration
 	defer s.mu.Unlock()
 	now := s.now()
 	e := s.live(key, now)
-	if e == nil || e.owner == "" || e.owner != owner { // missing, done, issued, another's
+	if e == nil || !e.inFlight() || e.owner != owner { // missing, done, issued, another's
 		return fmt.Errorf("memstore: extend: %w", storage.ErrNotOwner)
 	}
 	s.setExpiry(e, now.Add(roundUp(lease)))

@@ -177,12 +177,12 @@ func TestSweepAndBytes(t *testing.T) {
 	if err := s.Complete(t.Context(), "bb", "owner", []byte("0123456789"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := s.Bytes(), len("a"+"fp"+"owner")+len("bb"+"fp")+10; got != want {
-		t.Fatalf("Bytes after Complete %d, want %d (owner dropped, record added)", got, want)
+	if got, want := s.Bytes(), len("a"+"fp"+"owner")+len("bb"+"fp"+"owner")+10; got != want {
+		t.Fatalf("Bytes after Complete %d, want %d (owner kept, record added)", got, want)
 	}
 	clk.Advance(2 * time.Minute)
 	s.sweep()
-	if s.Len() != 1 || s.Bytes() != len("bb"+"fp")+10 {
+	if s.Len() != 1 || s.Bytes() != len("bb"+"fp"+"owner")+10 {
 		t.Fatalf("after the lease: Len %d Bytes %d", s.Len(), s.Bytes())
 	}
 	clk.Advance(2 * time.Hour)
@@ -348,8 +348,8 @@ func TestAllocations(t *testing.T) {
 }
 
 // TestBoundIssued: an issued entry takes a place like any other; the
-// bound evicts it, as it does a done entry, in the order they became
-// issued or done (a release back to issued counts as new), and never an
+// bound evicts issued entries first, in the order they became issued (a
+// release back to issued counts as new), then done entries, and never an
 // entry in flight, whether it came from an issue or not.
 func TestBoundIssued(t *testing.T) {
 	s, _ := newStore(t, WithMaxEntries(3))
@@ -370,7 +370,7 @@ func TestBoundIssued(t *testing.T) {
 	if err := s.Release(ctx, "i1", "o"); err != nil { // issued again: now the newest
 		t.Fatal(err)
 	}
-	for _, want := range []string{"d", "i2", "i1"} {
+	for _, want := range []string{"i2", "i1", "d"} {
 		acquire(t, s, "new-"+want, "o", time.Minute)
 		if s.holds(want) {
 			t.Fatalf("%s still there, want it evicted next", want)
@@ -493,7 +493,7 @@ func (s *Store) checkInvariants(t *testing.T) {
 		if i > 0 && e.expires.Before(s.byExpiry[(i-1)/2].e.expires) {
 			t.Fatalf("heap order broken at %d", i)
 		}
-		if e.done != (e.record != nil) || (e.done && (e.owner != "" || e.issueTTL != 0)) {
+		if e.done != (e.record != nil) || (e.done && (e.owner == "" || e.issueTTL != 0)) {
 			t.Fatalf("entry %q: done %v, owner %q, record %v, issue TTL %v", e.key, e.done, e.owner, e.record != nil, e.issueTTL)
 		}
 		if !e.done && e.owner == "" && (e.fingerprint != "" || e.issueTTL <= 0) {
@@ -504,23 +504,35 @@ func (s *Store) checkInvariants(t *testing.T) {
 	if size != s.bytes {
 		t.Fatalf("Bytes %d, entries hold %d", s.bytes, size)
 	}
-	listed := 0
-	for e, prev := s.oldest, (*entry)(nil); e != nil; prev, e = e, e.next {
-		if e.owner != "" || e.prev != prev || s.entries[e.key] != e {
-			t.Fatalf("list of done and issued entries broken at %q", e.key)
+	for _, l := range []struct {
+		name string
+		list *evictList
+		in   func(*entry) bool
+	}{
+		{"issued", &s.issued, func(e *entry) bool { return !e.done && e.owner == "" }},
+		{"done", &s.done, func(e *entry) bool { return e.done }},
+	} {
+		listed := 0
+		for e, prev := l.list.oldest, (*entry)(nil); e != nil; prev, e = e, e.next {
+			if !l.in(e) || e.prev != prev || s.entries[e.key] != e {
+				t.Fatalf("list of %s entries broken at %q", l.name, e.key)
+			}
+			if e.next == nil && l.list.newest != e {
+				t.Fatalf("list of %s entries: newest is not the last", l.name)
+			}
+			listed++
 		}
-		if e.next == nil && s.newest != e {
-			t.Fatal("list of done and issued entries: newest is not the last")
+		if l.list.oldest == nil && l.list.newest != nil {
+			t.Fatalf("list of %s entries: empty, with a newest", l.name)
 		}
-		listed++
-	}
-	for _, e := range s.entries {
-		if e.owner == "" {
-			listed--
+		for _, e := range s.entries {
+			if l.in(e) {
+				listed--
+			}
 		}
-	}
-	if listed != 0 {
-		t.Fatalf("list of done and issued entries and map disagree by %d", listed)
+		if listed != 0 {
+			t.Fatalf("list of %s entries and map disagree by %d", l.name, listed)
+		}
 	}
 }
 
@@ -554,4 +566,33 @@ func TestExpiryHeap(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestIssueFloodKeepsDoneRecords: a flood of Issue calls (IssueKey serves
+// every form load) on a bounded store must not evict a completed record,
+// or a retry of that payment runs its handler again. Issued entries are
+// evicted first, oldest first; every Issue succeeds.
+func TestIssueFloodKeepsDoneRecords(t *testing.T) {
+	const bound, flood = 1000, 100_000
+	s, _ := newStore(t, WithMaxEntries(bound))
+	ctx := t.Context()
+	acquire(t, s, "payment", "o", time.Minute)
+	complete(t, s, "payment", time.Hour)
+	for i := range flood {
+		if err := s.Issue(ctx, fmt.Sprint("issued-", i), time.Hour); err != nil {
+			t.Fatalf("Issue %d of %d: %v", i+1, flood, err)
+		}
+	}
+	res := acquire(t, s, "payment", "retry", time.Minute)
+	if res.State != storage.Done || string(res.Record) != "rec-payment" {
+		t.Fatalf("the payment after %d Issue calls: %v with record %q, want done with %q (its retry would run again)", flood, res.State, res.Record, "rec-payment")
+	}
+	if s.Len() != bound {
+		t.Fatalf("Len %d, want the bound %d", s.Len(), bound)
+	}
+	// The oldest issued entries went first: the newest are still there.
+	if !s.holds(fmt.Sprint("issued-", flood-1)) || s.holds("issued-0") {
+		t.Fatal("want the oldest issued entries evicted and the newest kept")
+	}
+	s.checkInvariants(t)
 }

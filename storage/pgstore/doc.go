@@ -67,6 +67,8 @@
 // it. The committed state changes the [storage.Store] protocol in these
 // ways, and only for the owner that fenced:
 //
+//   - While the transaction that fenced is open, the entry is in flight
+//     for every other request (see Row locks): the 409 with Retry-After.
 //   - The entry lives for the TTL from the Fence, and keeps the lease of
 //     the execution that committed it (the column held_until), which the
 //     owner's Extend renews until it runs out. Acquire of a committed entry
@@ -103,13 +105,15 @@
 // transaction's start), never the application's, so the instances' clocks
 // do not matter; durations are sent in milliseconds, rounded up.
 //
-// Acquire is an INSERT ... ON CONFLICT DO UPDATE that locks the row of the
-// key, whoever committed it and when. An Acquire that finds a done or
-// committed row (a replay) reads it without writing. An Acquire that finds
-// the key in flight writes a new version of the row, unchanged (its DO
-// UPDATE always updates, which is what makes it return the row it locked;
-// see acquireSQL in the source): under a storm of concurrent duplicates,
-// that is one dead row version per refused request, for autovacuum. (The
+// An Acquire that finds a done or committed row (a replay), or another
+// owner's live processing row (in flight), answers from its snapshot,
+// without a lock or a write: a storm of duplicates costs reads only.
+// Otherwise (no row, an expired or issued one, or the caller's own: a
+// resend) it is an INSERT ... ON CONFLICT DO UPDATE that locks the row of
+// the key, whoever committed it and when. Its DO UPDATE always updates,
+// which is what makes it return the row it locked (see acquireSQL in the
+// source), so that an Acquire that loses a race for an expired or issued
+// key to another owner writes one row version, unchanged. (The
 // alternative, a DO UPDATE ... WHERE that writes nothing when the key is
 // not free, returns no row then, and the SELECT that would have to find
 // it reads the statement's snapshot, which misses a row committed by a
@@ -118,6 +122,43 @@
 // of the INSERT, so that it creates nothing: it finds no row when the key
 // was not issued. Issue is an INSERT ... ON CONFLICT DO UPDATE ... WHERE
 // that replaces only an expired row.
+//
+// # Row locks
+//
+// A statement waiting on a row lock holds its pool connection meanwhile,
+// and the requests that wait on an application's transaction could take
+// every connection of a small pool. So no statement of the store waits
+// for a transaction that Fence joined: Fence locks the row FOR UPDATE,
+// and every other statement, before it writes the key's row, locks it
+// FOR KEY SHARE SKIP LOCKED, the one mode that conflicts with FOR UPDATE
+// only. A row held by a fenced transaction is skipped, and the statement
+// answers at once from its snapshot, in one round trip as always:
+//
+//   - Acquire and AcquireIssued: [storage.InFlight], with the fingerprint
+//     of the execution that fenced and the lease left as the row showed
+//     it before the Fence, at least 1 ms (the heartbeat cannot renew the
+//     lease while the transaction is open, so once it has run out,
+//     Retry-After is 1 s until the transaction ends);
+//   - Issue: [storage.ErrExists];
+//   - Extend, Complete and Release by the entry's owner: an error wrapping
+//     [ErrLocked], having changed nothing; not [storage.ErrNotOwner], so
+//     the middleware tries again (the heartbeat at its next renewal,
+//     Complete and Release with backoff), and succeeds once the
+//     transaction has ended. By another owner: what they answer anyway
+//     (the row is not theirs).
+//
+// The store's own statements change no key column, so their row locks
+// (FOR NO KEY UPDATE) do not conflict with FOR KEY SHARE: a statement
+// still waits for the microseconds of another statement's write, and
+// reads the row that write left, as the [storage.Store] contract needs.
+// The exceptions, which answer as for a fenced row: a row that a DELETE
+// (Release's, or the janitor's of an expired row) is deleting at that
+// instant, which the lock also skips; and two Releases of one key at once
+// by its owner (each waits for the other's FOR KEY SHARE lock, a deadlock
+// that PostgreSQL ends after deadlock_timeout by failing one of them).
+// A transaction of the application's that locks the table's rows other
+// than through Fence is waited for, as is a Fence of a version of this
+// package before these locks, during an upgrade.
 //
 // On a loopback server without fsync (2 cores, one goroutine,
 // BenchmarkStore), a first execution's two statements take about 0.21 ms,

@@ -25,9 +25,17 @@ import (
 //   - The execution holds the lease (its owner token, processing, the
 //     lease not expired by the database's clock): in one statement, the
 //     entry becomes committed in tx and expires after Info.TTL, no longer
-//     at the end of the lease. The statement's row lock holds until tx
-//     ends, so an Acquire of the key by another request waits for the
-//     commit or the rollback. Once tx commits, the handler never runs
+//     at the end of the lease. The statement locks the row FOR UPDATE
+//     until tx ends. No statement of the store waits for that lock: while
+//     tx is open, an Acquire or AcquireIssued of the key by another
+//     request answers at once that it is in flight (the middleware's 409
+//     with Retry-After, or WithWait's waiting), with the lease left as
+//     the row showed it before the Fence, at least 1 ms (so Retry-After 1
+//     s once that lease has run out while tx is still open); Issue of the
+//     key answers ErrExists; and the owner's Extend, Complete and Release
+//     answer [ErrLocked] at once, having changed nothing (the heartbeat
+//     tries again at its next renewal; see Row locks in the package
+//     documentation). Once tx commits, the handler never runs
 //     again for the key within the TTL, whatever happens next: a retry
 //     gets the stored response once the middleware has completed the
 //     entry; before that, the 409 of a request in flight while this
@@ -52,10 +60,20 @@ import (
 // lease the heartbeat extended after tx's snapshot was taken makes the
 // UPDATE fail with a serialization failure (SQLSTATE 40001), which such
 // transactions must be ready to retry anyway (first, the same can happen,
-// rarely, when a renewal lands during the Fence). While tx holds
-// the lock, the heartbeat's renewals of the lease wait for it too: a
-// transaction that runs longer than a lease after its Fence holds the key
-// nonetheless, since every Acquire waits for it.
+// rarely, when a renewal lands during the Fence). While tx holds the
+// lock, the heartbeat cannot renew the lease (Extend answers ErrLocked):
+// a transaction that runs longer than a lease after its Fence holds the
+// key nonetheless (every Acquire finds it in flight until tx ends), but
+// its lease has then run out when it commits, so that until the
+// middleware's Complete (right after the handler returns) a retry gets
+// 409 ErrNotReplayable rather than the 409 of a request in flight. Keep
+// the time from the Fence to the commit shorter than the lease
+// (WithLease): with the Fence as tx's last statement, it is.
+//
+// Upgrading from a version of this package whose Fence locked the row
+// FOR NO KEY UPDATE: until every instance runs this one, a statement of
+// this version may still wait for a transaction fenced by an older
+// instance, as every statement of the older version did.
 func (s *Store) Fence(ctx context.Context, tx pgx.Tx) error {
 	info, ok := idem.FromContext(ctx)
 	if !ok || !info.Protected {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,8 +63,13 @@ func (d *dying) Extend(ctx context.Context, key, owner string, lease time.Durati
 
 func newApp(t *testing.T, opts ...idem.Option) *app {
 	t.Helper()
-	pool := pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 8 })
-	a := &app{db: openOn(t, pool)}
+	return newAppOn(t, pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 8 }), nil, opts...)
+}
+
+// newAppOn is newApp on pool, with the store's options storeOpts.
+func newAppOn(t *testing.T, pool *pgxpool.Pool, storeOpts []pgstore.Option, opts ...idem.Option) *app {
+	t.Helper()
+	a := &app{db: openOn(t, pool, storeOpts...)}
 	orders := pgtest.Table(t, pool)
 	a.orders = pgx.Identifier{orders}.Sanitize()
 	a.exec("CREATE TABLE " + a.orders + " (id serial PRIMARY KEY, owner text NOT NULL)")
@@ -374,12 +380,14 @@ func TestFenceLeaseLost(t *testing.T) {
 }
 
 // TestFenceHoldsAcquire (c): while the handler's transaction holds the
-// fence, an Acquire of the key by another owner waits for it to end; then
-// it finds the entry committed (commit) or as it was (rollback): in flight
-// while the lease runs, and once it has run out during the wait, done and
-// not replayable (commit) or free (rollback). The process dies as the
-// transaction ends, so that what the Acquire reads is the transaction's
-// doing, not the middleware's Complete, which would otherwise race it.
+// fence, an Acquire of the key by another owner answers at once, in
+// flight, with the lease the row shows (at least 1 ms once it has run
+// out during the transaction), without waiting for the transaction. Once
+// it has ended, Acquire finds the entry committed (commit) or as it was
+// (rollback): in flight while the lease runs, and once it has run out,
+// done and not replayable (commit) or free (rollback). The process dies
+// as the transaction ends, so that what the Acquire reads is the
+// transaction's doing, not the middleware's Complete.
 func TestFenceHoldsAcquire(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -396,32 +404,27 @@ func TestFenceHoldsAcquire(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			a := newApp(t, idem.WithLease(c.lease))
 			ctx := context.Background()
-			got := make(chan storage.Result, 1)
+			var key string
 			w := a.serve("k", func(hctx context.Context) error {
 				info, _ := idem.FromContext(hctx)
+				key = info.StorageKey
 				return a.order(hctx, func() {
 					// The fence is in place; the transaction is open.
-					expires := a.expires(info.StorageKey) // the committed version is not visible yet
-					go func() {
-						res, err := a.store.Acquire(ctx, info.StorageKey, "o2", "fp", time.Minute)
-						if err != nil {
-							t.Errorf("Acquire: %v", err)
-						}
-						got <- res
-					}()
-					a.waitLocked()
+					expires := a.expires(key) // the committed version is not visible yet
 					if c.lease < time.Minute {
 						a.waitClock(expires)
 					}
-					select {
-					case res := <-got:
-						t.Errorf("Acquire answered %v while the fence's transaction was open", res.State)
-					default:
+					res := prompt(t, "Acquire of the fenced key", func() result {
+						return result(must2(a.db.store.Acquire(ctx, key, "o2", "fp", time.Minute)))
+					})
+					if res.err != nil || res.State != storage.InFlight || res.LeaseLeft < time.Millisecond || res.LeaseLeft > c.lease ||
+						(c.lease < time.Minute && res.LeaseLeft != time.Millisecond) {
+						t.Errorf("Acquire while the fence's transaction is open: %+v, %v; want in flight, with the lease left (1 ms once run out)", res.Result, res.err)
 					}
 				}, func(tx pgx.Tx) error {
 					// The process dies as the transaction ends: no
-					// Complete or Release of the middleware's can reach
-					// the entry before the waiting Acquire reads it.
+					// Complete or Release of the middleware's reaches
+					// the entry before the Acquire below reads it.
 					err := c.end(tx)
 					a.store.died.Store(true)
 					return err
@@ -430,12 +433,7 @@ func TestFenceHoldsAcquire(t *testing.T) {
 			if w.Code != http.StatusCreated {
 				t.Fatalf("the handler: %d %q", w.Code, w.Body)
 			}
-			var res storage.Result
-			select {
-			case res = <-got:
-			case <-time.After(10 * time.Second):
-				t.Fatal("Acquire still waiting 10s after the transaction ended")
-			}
+			res := must(a.db.store.Acquire(ctx, key, "o3", "fp", time.Minute))
 			if res.State != c.want {
 				t.Fatalf("Acquire after %s: %v, want %v", c.name, res.State, c.want)
 			}
@@ -449,6 +447,260 @@ func TestFenceHoldsAcquire(t *testing.T) {
 	}
 }
 
+// result is what a store call answered.
+type result struct {
+	storage.Result
+	err error
+}
+
+func must2(res storage.Result, err error) result { return result{res, err} }
+
+// prompt runs f and returns its answer, or fails the test when it has not
+// answered within 10 s (a liveness bound: the store waits on a lock).
+func prompt[T any](t *testing.T, what string, f func() T) T {
+	t.Helper()
+	c := make(chan T, 1)
+	go func() { c <- f() }()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not answer within 10 s while the fenced transaction was open", what)
+	}
+	panic("unreachable")
+}
+
+// openTx is a request whose handler inserts an order, fences, and keeps
+// its transaction open until finish.
+type openTx struct {
+	info idem.Info
+	fp   string // the entry's fingerprint
+	endc chan func(pgx.Tx) error
+	once sync.Once
+	done chan struct{} // closed when the request has been served
+	w    *httptest.ResponseRecorder
+}
+
+// fenceOpen serves a request with key in the background and returns once
+// its handler has fenced, the transaction still open. The test's end
+// rolls it back, unless finish ended it.
+func (a *app) fenceOpen(key string) *openTx {
+	a.t.Helper()
+	o := &openTx{endc: make(chan func(pgx.Tx) error), done: make(chan struct{})}
+	fenced := make(chan idem.Info, 1)
+	go func() {
+		defer close(o.done)
+		o.w = a.serve(key, func(ctx context.Context) error {
+			var end func(pgx.Tx) error
+			return a.order(ctx, func() {
+				info, _ := idem.FromContext(ctx)
+				fenced <- info
+				end = <-o.endc
+			}, func(tx pgx.Tx) error { return end(tx) })
+		})
+	}()
+	a.t.Cleanup(func() { o.finish(rollback) })
+	select {
+	case o.info = <-fenced:
+	case <-o.done:
+		a.t.Fatalf("the handler did not fence: %d %q", o.w.Code, o.w.Body)
+	}
+	var fp []byte
+	if err := a.pool.QueryRow(context.Background(), "SELECT fingerprint FROM "+a.ident()+" WHERE key = $1", []byte(o.info.StorageKey)).Scan(&fp); err != nil {
+		a.t.Fatal(err)
+	}
+	o.fp = string(fp)
+	return o
+}
+
+// open tells whether the transaction is still open.
+func (o *openTx) open() bool {
+	select {
+	case <-o.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// finish ends the transaction with end (the first call only) and returns
+// the response once the request has been served.
+func (o *openTx) finish(end func(pgx.Tx) error) *httptest.ResponseRecorder {
+	o.once.Do(func() { o.endc <- end })
+	<-o.done
+	return o.w
+}
+
+// TestFenceOpenAnswersAtOnce: while a fenced transaction is open, on a
+// pool of 4 connections (one of them the transaction's), 8 Acquire of the
+// key by other owners, an AcquireIssued, and a duplicate request through
+// the middleware all answer at once, in flight with the lease left (409
+// ErrConflict with Retry-After), instead of each waiting on the row lock
+// with a connection of the pool; an Acquire of another key gets a
+// connection and succeeds meanwhile; the owner's Extend (the heartbeat)
+// answers at once with an error that is not ErrNotOwner. Then the
+// transaction commits and the response is stored and replayed.
+func TestFenceOpenAnswersAtOnce(t *testing.T) {
+	pool := pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
+	a := newAppOn(t, pool, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait) // after the transaction's end (cleanups run last first)
+	o := a.fenceOpen("k")
+	key, fp := o.info.StorageKey, o.fp
+
+	type answer struct {
+		what string
+		res  storage.Result
+		err  error
+	}
+	answers := make(chan answer, 16)
+	http409 := make(chan *httptest.ResponseRecorder, 1)
+	start := make(chan struct{})
+	for i := range 8 {
+		wg.Go(func() {
+			<-start
+			owner := fmt.Sprint("dup-", i)
+			res, err := a.db.store.Acquire(ctx, key, owner, fp, time.Minute)
+			answers <- answer{"Acquire by " + owner, res, err}
+		})
+	}
+	wg.Go(func() {
+		<-start
+		res, err := a.db.store.AcquireIssued(ctx, key, "dup-issued", fp, time.Minute)
+		answers <- answer{"AcquireIssued by another owner", res, err}
+	})
+	wg.Go(func() {
+		<-start
+		res, err := a.db.store.Acquire(ctx, "another key", "o", "fp", time.Minute)
+		answers <- answer{"Acquire of another key", res, err}
+	})
+	wg.Go(func() {
+		<-start
+		err := a.db.store.Extend(ctx, key, o.info.Owner, time.Minute)
+		answers <- answer{"Extend by the owner", storage.Result{}, err}
+	})
+	wg.Go(func() {
+		<-start
+		http409 <- a.serve("k", func(context.Context) error {
+			t.Error("the duplicate request ran the handler")
+			return nil
+		})
+	})
+	close(start)
+	bound := time.NewTimer(10 * time.Second)
+	defer bound.Stop()
+	const calls = 11
+	for n := 0; n < calls; n++ {
+		var ans answer
+		select {
+		case ans = <-answers:
+		case <-bound.C:
+			t.Fatalf("%d of %d store calls answered within 10 s while the fenced transaction was open", n, calls)
+		}
+		switch {
+		case ans.what == "Acquire of another key":
+			if ans.err != nil || ans.res.State != storage.Acquired {
+				t.Errorf("%s: %+v, %v; want acquired", ans.what, ans.res, ans.err)
+			}
+		case ans.what == "Extend by the owner":
+			if ans.err == nil || errors.Is(ans.err, storage.ErrNotOwner) || !errors.Is(ans.err, pgstore.ErrLocked) {
+				t.Errorf("%s during its open transaction: %v; want ErrLocked, not ErrNotOwner", ans.what, ans.err)
+			}
+		default:
+			if ans.err != nil || ans.res.State != storage.InFlight || ans.res.Fingerprint != fp ||
+				ans.res.LeaseLeft <= 0 || ans.res.LeaseLeft > time.Minute {
+				t.Errorf("%s: %+v, %v; want in flight with the lease left", ans.what, ans.res, ans.err)
+			}
+		}
+	}
+	select {
+	case w := <-http409:
+		if w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "#ErrConflict") {
+			t.Errorf("duplicate request during the open transaction: %d %q Retry-After %q; want 409 ErrConflict with Retry-After",
+				w.Code, w.Body, w.Header().Get("Retry-After"))
+		}
+	case <-bound.C:
+		t.Fatal("the duplicate request was not answered within 10 s while the fenced transaction was open")
+	}
+	if !o.open() {
+		t.Fatal("the transaction ended before the calls answered")
+	}
+	if w := o.finish(commit); w.Code != http.StatusCreated {
+		t.Fatalf("the first request: %d %q", w.Code, w.Body)
+	}
+	if w := a.serve("k", func(context.Context) error { return nil }); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the commit: %d %q, want the stored 201 replayed", w.Code, w.Body)
+	}
+	if n, runs := a.ordersCount(), a.runs.Load(); n != 1 || runs != 1 {
+		t.Fatalf("%d orders, %d runs, want 1 and 1", n, runs)
+	}
+}
+
+// TestFenceOpenPastLease: a fenced transaction stays open after the lease
+// it fenced with has run out (the heartbeat cannot renew it meanwhile).
+// Every statement of the store answers at once: Acquire and AcquireIssued
+// in flight with 1 ms left, Issue ErrExists, and Extend, Complete and
+// Release by the owner ErrLocked (retried by the middleware), by another
+// owner what they answer anyway. The transaction commits; the
+// middleware's Complete then stores the response.
+func TestFenceOpenPastLease(t *testing.T) {
+	pool := pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
+	clock, advance := frozenClock(t, pool)
+	a := newAppOn(t, pool, []pgstore.Option{pgstore.WithClock(clock)})
+	ctx := context.Background()
+	o := a.fenceOpen("k")
+	key, owner, s := o.info.StorageKey, o.info.Owner, a.db.store
+	advance(2 * time.Minute) // the lease, a minute, has run out
+	for _, acq := range []struct {
+		name string
+		f    func(context.Context, string, string, string, time.Duration) (storage.Result, error)
+	}{{"Acquire", s.Acquire}, {"AcquireIssued", s.AcquireIssued}} {
+		res := prompt(t, acq.name, func() result { return must2(acq.f(ctx, key, "o2", "fp", time.Minute)) })
+		if res.err != nil || res.State != storage.InFlight || res.Fingerprint != o.fp || res.LeaseLeft != time.Millisecond {
+			t.Errorf("%s: %+v, %v; want in flight with %q and 1 ms left", acq.name, res.Result, res.err, o.fp)
+		}
+	}
+	if err := prompt(t, "Issue", func() error { return s.Issue(ctx, key, time.Hour) }); !errors.Is(err, storage.ErrExists) {
+		t.Errorf("Issue: %v, want ErrExists", err)
+	}
+	// The owner's calls: ErrLocked. Another owner's: what they answer
+	// anyway (the row is not theirs): ErrNotOwner, and nil for Release
+	// (the lease of the row they see has run out: nothing of theirs is
+	// held).
+	for _, op := range []struct {
+		name  string
+		f     func(who string) error
+		other error
+	}{
+		{"Extend", func(who string) error { return s.Extend(ctx, key, who, time.Minute) }, storage.ErrNotOwner},
+		{"Complete", func(who string) error { return s.Complete(ctx, key, who, []byte("r"), time.Hour) }, storage.ErrNotOwner},
+		{"Release", func(who string) error { return s.Release(ctx, key, who) }, nil},
+	} {
+		if err := prompt(t, op.name+" by the owner", func() error { return op.f(owner) }); !errors.Is(err, pgstore.ErrLocked) || errors.Is(err, storage.ErrNotOwner) {
+			t.Errorf("%s by the owner: %v, want ErrLocked", op.name, err)
+		}
+		if err := prompt(t, op.name+" by another owner", func() error { return op.f("o2") }); !errors.Is(err, op.other) || errors.Is(err, pgstore.ErrLocked) {
+			t.Errorf("%s by another owner: %v, want %v", op.name, err, op.other)
+		}
+	}
+	if res := prompt(t, "Acquire of another key", func() result { return must2(s.Acquire(ctx, "another key", "o", "fp", time.Minute)) }); res.err != nil || res.State != storage.Acquired {
+		t.Errorf("Acquire of another key: %+v, %v", res.Result, res.err)
+	}
+	if !o.open() {
+		t.Fatal("the transaction ended before the calls answered")
+	}
+	if w := o.finish(commit); w.Code != http.StatusCreated {
+		t.Fatalf("the first request: %d %q", w.Code, w.Body)
+	}
+	if res := must(s.Acquire(ctx, key, "o3", "fp", time.Minute)); res.State != storage.Done || res.Fingerprint != o.fp {
+		t.Fatalf("after the commit: %+v, want done, the response stored", res)
+	}
+	if w := a.serve("k", func(context.Context) error { return nil }); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the commit: %d %q, want the stored 201 replayed", w.Code, w.Body)
+	}
+}
+
 // expires returns the expiry of key's row, as a statement outside the
 // fence's transaction sees it.
 func (a *app) expires(key string) time.Time {
@@ -458,28 +710,6 @@ func (a *app) expires(key string) time.Time {
 		a.t.Fatal(err)
 	}
 	return t
-}
-
-// waitLocked waits until a statement on the store's table waits for a
-// lock, or fails the test after ten seconds.
-func (a *app) waitLocked() {
-	a.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		err := a.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, a.table).Scan(&n)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			a.t.Fatal("no statement on the table waits for the fence's lock after 10s")
-		}
-		time.Sleep(2 * time.Millisecond) // another session: polled
-	}
 }
 
 // waitClock waits until the database's clock has passed t.

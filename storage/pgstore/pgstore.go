@@ -33,6 +33,15 @@ const (
 // name that WithTable does not accept.
 var ErrTableName = errors.New("pgstore: invalid table name")
 
+// ErrLocked is wrapped by the error of Extend, Complete and Release by an
+// entry's owner when its row is locked by a transaction under way that
+// fenced it (see [Store.Fence], and Row locks in the package
+// documentation): they answer at once instead of waiting for its end, and
+// changed nothing. It is not [storage.ErrNotOwner]: the middleware tries
+// again (the heartbeat at its next renewal; Complete and Release with
+// backoff), and succeeds once the transaction has ended.
+var ErrLocked = errors.New("pgstore: entry locked by a transaction under way")
+
 // Store is a storage.Store on PostgreSQL. Create it with [New]; the zero
 // value is not usable. It is safe for concurrent use.
 type Store struct {
@@ -235,38 +244,91 @@ func newStatements(id pgx.Identifier, clock string) statements {
 // locked). A row whose expires has come (expires <= the clock) is treated
 // as absent by every statement. Parameters: $1 key, $2 owner, and then a
 // fingerprint, a record, or a lease or TTL in whole milliseconds.
+//
+// # Row locks
+//
+// No statement waits for a transaction of the application's. Fence (the
+// only statement that runs in one) locks the key's row FOR UPDATE, the
+// only row-lock mode that conflicts with FOR KEY SHARE. Every other
+// statement that writes a row first locks it with the probe
+//
+//	SELECT ... FOR KEY SHARE SKIP LOCKED
+//
+// in a CTE that runs before its write: the probe skips a row that a
+// Fence's transaction holds (and one that a DELETE, which also locks FOR
+// UPDATE, is deleting at that instant: Release's, or the janitor's), and
+// the statement then answers at once, from its snapshot, without touching
+// the row. The store's own writes are UPDATEs that change no key, which
+// lock FOR NO KEY UPDATE: the probe does not conflict with them, so a
+// statement still waits for the few microseconds of another statement's
+// write and reads its result (the newest version, READ COMMITTED), as the
+// contract needs (50 owners taking one issued key: one wins, and the 49
+// others see its fingerprint). Once the probe holds its lock, no Fence
+// can take the row until the statement ends. A statement that only
+// reads, or that the snapshot answers (another owner's live row, a done
+// or committed row), locks nothing.
+//
+// What a statement answers when its probe finds the row locked:
+// Acquire and AcquireIssued, in flight ("locked" below); Issue, ErrExists;
+// Extend, Complete and Release, [ErrLocked] when the snapshot's row is the
+// caller's (its owner is the caller), and otherwise what they answer
+// anyway (ErrNotOwner, or nil for a Release with nothing of the caller's):
+// a row that another owner held when the statement started cannot be the
+// caller's.
+//
+// The one wait left: Acquire and Issue of a key that has no row in their
+// snapshot insert one, and an INSERT that finds a row committed since the
+// snapshot locks it. That row would have to be acquired, its handler run
+// and fenced within the statement's own few microseconds.
 
 // acquireSQL: $3 fingerprint, $4 lease. It answers one row: state, mine
 // (the caller holds the entry now), fingerprint, record, and the lease left
-// in ms: of a processing row, at least 1; of a committed row, that of the
-// execution that committed (held_until), or 0 once it has ended.
+// in ms: of a processing or locked row, at least 1; of a committed row,
+// that of the execution that committed (held_until), or 0 once it has
+// ended.
 //
-// cur reads a live done or committed row from the statement's snapshot:
-// such a row changes only by expiring (or, committed, by becoming done), so
-// the snapshot's version is a true answer, and a replay writes nothing.
+// s is the key's row in the statement's snapshot. cur answers from it,
+// without a lock or a write, when it is live and not to be taken: done or
+// committed (such a row changes only by expiring or, committed, by
+// becoming done), or processing and another owner's (in flight: true when
+// the statement started; a duplicate writes nothing).
 //
-// Otherwise ins runs: INSERT ... ON CONFLICT DO UPDATE takes the row lock
-// on whatever row holds the key, including one that a concurrent
-// transaction committed after the snapshot was taken, or that a Fence holds
-// in a transaction not yet ended (ins waits for it). Its DO UPDATE has no
-// WHERE: it always updates, so RETURNING always gives the row version it
-// locked, even when nothing could be taken. (With a WHERE, a row not
+// Otherwise the row is to be taken (expired, issued, or the caller's own:
+// a resend), or there is none. A row in the snapshot is locked by the
+// probe lk first. If the probe skipped it (a Fence's transaction holds it,
+// or it is being deleted), the answer is "locked": in flight, with the
+// fingerprint of the snapshot's row and the lease it shows, at least 1 ms
+// (once the lease the fence was taken with has run out while the
+// transaction is still open, 1 ms: Retry-After 1 s).
+//
+// Otherwise ins runs: INSERT ... ON CONFLICT DO UPDATE, on the row lk
+// holds, or on whatever row holds the key when the snapshot had none,
+// including one that a concurrent transaction committed after the
+// snapshot was taken. Its DO UPDATE has no WHERE: it always updates, so
+// RETURNING always gives the row version it locked, even when nothing
+// could be taken (a row taken by another owner between the snapshot and
+// the lock, or inserted after the snapshot). (With a WHERE, a row not
 // taken is not returned, and a SELECT beside it sees the statement's
-// snapshot, which may not hold a row committed meanwhile: the answer would
-// be empty.) The price is a new row version per Acquire that finds the key
-// in flight, and per Acquire that finds a done or committed row committed
-// during the statement. The sub-select reads the clock once, after the row
+// snapshot, which may not hold a row committed meanwhile: the answer
+// would be empty.) The sub-select reads the clock once, after the row
 // lock is held, and decides once whether the row is taken: it has expired
-// (gone: it starts afresh, not issued), it is issued (it keeps issue_ttl),
-// or it is processing and held by the same owner (a resend). Otherwise
-// every column keeps its value.
-const acquireSQL = `WITH cur AS (
-  SELECT e.state, e.fingerprint, e.record, e.held_until FROM {table} e
-  WHERE e.key = $1 AND e.state IN ('committed', 'done') AND e.expires > clock_timestamp()
+// (gone: it starts afresh, not issued), it is issued (it keeps
+// issue_ttl), or it is processing and held by the same owner (a resend).
+// Otherwise every column keeps its value.
+const acquireSQL = `WITH s AS (
+  SELECT e.state, e.owner, e.fingerprint, e.record, e.expires, e.held_until, e.expires > clock_timestamp() AS live
+  FROM {table} e WHERE e.key = $1
+), cur AS (
+  SELECT s.state, s.fingerprint, s.record, CASE WHEN s.state = 'processing' THEN s.expires ELSE s.held_until END AS until
+  FROM s WHERE s.live AND (s.state IN ('committed', 'done') OR (s.state = 'processing' AND s.owner <> $2::bytea))
+), lk AS (
+  SELECT e.key FROM {table} e
+  WHERE e.key = $1 AND EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM cur)
+  FOR KEY SHARE SKIP LOCKED
 ), ins AS (
   INSERT INTO {table} AS e (key, state, owner, fingerprint, expires)
   SELECT $1, 'processing', $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond'
-  WHERE NOT EXISTS (SELECT FROM cur)
+  WHERE NOT EXISTS (SELECT FROM cur) AND (NOT EXISTS (SELECT FROM s) OR EXISTS (SELECT FROM lk))
   ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, held_until, record, issue_ttl) = (
     SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
            CASE WHEN x.take THEN excluded.owner ELSE e.owner END,
@@ -279,12 +341,16 @@ const acquireSQL = `WITH cur AS (
           FROM (SELECT c.now, e.expires <= c.now AS gone FROM (SELECT clock_timestamp() AS now) c) y) x)
   RETURNING e.state, e.owner = $2 AS mine, e.fingerprint, e.expires, e.held_until, e.record
 ), out AS (
-  SELECT state, false AS mine, fingerprint, record, held_until AS until FROM cur
+  SELECT state, false AS mine, fingerprint, record, until FROM cur
   UNION ALL
   SELECT state, mine, fingerprint, record, CASE WHEN state = 'processing' THEN expires ELSE held_until END FROM ins
+  UNION ALL
+  SELECT 'locked', false, s.fingerprint, NULL, CASE WHEN s.state = 'processing' THEN s.expires END FROM s
+  WHERE NOT EXISTS (SELECT FROM cur) AND NOT EXISTS (SELECT FROM lk)
 )
 SELECT state, mine, fingerprint, record,
-       CASE WHEN state = 'processing' THEN greatest(ceil(extract(epoch FROM until - clock_timestamp()) * 1000), 1)
+       CASE WHEN state IN ('processing', 'locked')
+              THEN greatest(coalesce(ceil(extract(epoch FROM until - clock_timestamp()) * 1000), 1), 1)
             WHEN until > clock_timestamp() THEN ceil(extract(epoch FROM until - clock_timestamp()) * 1000)
             ELSE 0 END::bigint
 FROM out`
@@ -293,19 +359,28 @@ FROM out`
 // does, or no row when the key has no live entry (not issued): it creates
 // none.
 //
-// cur is acquireSQL's. Otherwise upd takes the row lock on the key's live
-// row, if the snapshot holds one: an UPDATE that waits for a concurrent
-// writer re-checks its WHERE on the newest version of the row (READ
-// COMMITTED), so a row taken, released or completed meanwhile is answered
-// as it is now, and one deleted or expired meanwhile as not issued. Like
-// acquireSQL's DO UPDATE, it always updates a live row, so that RETURNING
-// gives it, and takes it when it is issued or processing and held by the
-// same owner (a resend). A row inserted by a concurrent statement after
-// the snapshot is not seen: the answer, not issued, was true when the
-// statement started.
-const acquireIssuedSQL = `WITH cur AS (
-  SELECT e.state, e.fingerprint, e.record, e.held_until FROM {table} e
-  WHERE e.key = $1 AND e.state IN ('committed', 'done') AND e.expires > clock_timestamp()
+// s, cur, lk and the locked answer are acquireSQL's (a row locked by a
+// Fence's transaction is in flight, even once the snapshot shows its
+// lease expired). Otherwise upd takes the row lock on the key's live row,
+// if the snapshot holds one: lk holds it already; an UPDATE that waits
+// for a concurrent writer re-checks its WHERE on the newest version of
+// the row (READ COMMITTED), so a row taken, released or completed
+// meanwhile is answered as it is now, and one deleted or expired
+// meanwhile as not issued. Like acquireSQL's DO UPDATE, it always
+// updates a live row, so that RETURNING gives it, and takes it when it is
+// issued or processing and held by the same owner (a resend). A row
+// inserted by a concurrent statement after the snapshot is not seen: the
+// answer, not issued, was true when the statement started.
+const acquireIssuedSQL = `WITH s AS (
+  SELECT e.state, e.owner, e.fingerprint, e.record, e.expires, e.held_until, e.expires > clock_timestamp() AS live
+  FROM {table} e WHERE e.key = $1
+), cur AS (
+  SELECT s.state, s.fingerprint, s.record, CASE WHEN s.state = 'processing' THEN s.expires ELSE s.held_until END AS until
+  FROM s WHERE s.live AND (s.state IN ('committed', 'done') OR (s.state = 'processing' AND s.owner <> $2::bytea))
+), lk AS (
+  SELECT e.key FROM {table} e
+  WHERE e.key = $1 AND EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM cur)
+  FOR KEY SHARE SKIP LOCKED
 ), upd AS (
   UPDATE {table} e SET (state, owner, fingerprint, expires) = (
     SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
@@ -314,50 +389,81 @@ const acquireIssuedSQL = `WITH cur AS (
            CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END
     FROM (SELECT c.now, e.state = 'issued' OR (e.state = 'processing' AND e.owner = $2::bytea) AS take
           FROM (SELECT clock_timestamp() AS now) c) x)
-  WHERE e.key = $1 AND e.expires > clock_timestamp() AND NOT EXISTS (SELECT FROM cur)
+  WHERE e.key = $1 AND e.expires > clock_timestamp() AND NOT EXISTS (SELECT FROM cur) AND EXISTS (SELECT FROM lk)
   RETURNING e.state, e.owner = $2::bytea AS mine, e.fingerprint, e.expires, e.held_until, e.record
 ), out AS (
-  SELECT state, false AS mine, fingerprint, record, held_until AS until FROM cur
+  SELECT state, false AS mine, fingerprint, record, until FROM cur
   UNION ALL
   SELECT state, mine, fingerprint, record, CASE WHEN state = 'processing' THEN expires ELSE held_until END FROM upd
+  UNION ALL
+  SELECT 'locked', false, s.fingerprint, NULL, CASE WHEN s.state = 'processing' THEN s.expires END FROM s
+  WHERE NOT EXISTS (SELECT FROM cur) AND NOT EXISTS (SELECT FROM lk)
 )
 SELECT state, mine, fingerprint, record,
-       CASE WHEN state = 'processing' THEN greatest(ceil(extract(epoch FROM until - clock_timestamp()) * 1000), 1)
+       CASE WHEN state IN ('processing', 'locked')
+              THEN greatest(coalesce(ceil(extract(epoch FROM until - clock_timestamp()) * 1000), 1), 1)
             WHEN until > clock_timestamp() THEN ceil(extract(epoch FROM until - clock_timestamp()) * 1000)
             ELSE 0 END::bigint
 FROM out`
 
-// issueSQL: $2 TTL. One row affected: issued. INSERT ... ON CONFLICT DO
-// UPDATE takes the row lock on a row that holds the key, and replaces it
-// only when it has expired (its WHERE is checked on the locked, newest
-// version); a live row, in any state, is left as it is: no row affected,
-// ErrExists.
-const issueSQL = `INSERT INTO {table} AS e (key, state, owner, fingerprint, expires, issue_ttl)
-VALUES ($1, 'issued', '', '', clock_timestamp() + $2::bigint * interval '1 millisecond', $2::bigint)
+// issueSQL: $2 TTL. One row affected: issued. A live row in the
+// snapshot, in any state, is left as it is, unlocked: no row affected,
+// ErrExists. Otherwise INSERT ... ON CONFLICT DO UPDATE takes the row lock
+// on a row that holds the key (an expired row of the snapshot, which the
+// probe lk holds already; or one committed since the snapshot), and
+// replaces it only when it has expired (its WHERE is checked on the
+// locked, newest version). An expired row that lk finds locked (a Fence's
+// transaction that outlived its lease holds it, or it is being deleted) is
+// in use: no row affected, ErrExists.
+const issueSQL = `WITH s AS (
+  SELECT e.expires > clock_timestamp() AS live FROM {table} e WHERE e.key = $1
+), lk AS (
+  SELECT e.key FROM {table} e WHERE e.key = $1 AND EXISTS (SELECT FROM s WHERE NOT s.live)
+  FOR KEY SHARE SKIP LOCKED
+)
+INSERT INTO {table} AS e (key, state, owner, fingerprint, expires, issue_ttl)
+SELECT $1, 'issued', ''::bytea, ''::bytea, clock_timestamp() + $2::bigint * interval '1 millisecond', $2::bigint
+WHERE NOT EXISTS (SELECT FROM s) OR EXISTS (SELECT FROM lk)
 ON CONFLICT (key) DO UPDATE SET
   state = 'issued', owner = '', fingerprint = '', held_until = NULL, record = NULL,
   expires = clock_timestamp() + $2::bigint * interval '1 millisecond', issue_ttl = $2::bigint
 WHERE e.expires <= clock_timestamp()`
 
-// completeSQL: $3 record, $4 TTL. One row affected: done.
+// completeSQL: $3 record, $4 TTL. It answers two booleans: done (nil),
+// and locked (ErrLocked); neither is ErrNotOwner.
 //
-// The owner's processing or committed entry becomes done; a done entry
-// with this very record is a resend and is rewritten unchanged (same
-// record, same expiry: keeping e.record reuses its TOASTed value). An
-// UPDATE re-checks its WHERE on the newest version of a row changed
-// concurrently (READ COMMITTED), so a resend racing the first Complete
-// sees the done row.
-const completeSQL = `UPDATE {table} e SET
-  state = 'done',
-  held_until = NULL,
-  issue_ttl = NULL,
-  record = CASE WHEN e.state = 'done' THEN e.record ELSE $3 END,
-  expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
-WHERE e.key = $1 AND e.expires > clock_timestamp()
-  AND ((e.state IN ('processing', 'committed') AND e.owner = $2) OR (e.state = 'done' AND e.record = $3))`
+// The owner's processing or committed entry becomes done, and keeps its
+// owner: the one that completed it. A done entry completed by this very
+// owner with this very record is a resend and is rewritten unchanged (same
+// record, same expiry: keeping e.record reuses its TOASTed value); a done
+// entry of another owner is never one, even with an identical record (an
+// execution whose lease ran out, while another owner took the key and
+// completed it, is not that owner's resend). An UPDATE re-checks its
+// WHERE on the newest version of a row changed concurrently (READ
+// COMMITTED), so a resend racing the first Complete sees the done row.
+// The row is the caller's in the snapshot and lk finds it locked: locked.
+const completeSQL = `WITH s AS (
+  SELECT FROM {table} e WHERE e.key = $1 AND e.owner = $2
+), lk AS (
+  SELECT e.key FROM {table} e WHERE e.key = $1 AND EXISTS (SELECT FROM s)
+  FOR KEY SHARE SKIP LOCKED
+), upd AS (
+  UPDATE {table} e SET
+    state = 'done',
+    held_until = NULL,
+    issue_ttl = NULL,
+    record = CASE WHEN e.state = 'done' THEN e.record ELSE $3 END,
+    expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
+  WHERE e.key = $1 AND e.expires > clock_timestamp() AND e.owner = $2
+    AND (e.state IN ('processing', 'committed') OR (e.state = 'done' AND e.record = $3))
+    AND EXISTS (SELECT FROM lk)
+  RETURNING 1
+)
+SELECT EXISTS (SELECT FROM upd), EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM lk)`
 
-// releaseSQL answers one boolean: true when nothing of the caller is held
-// by anyone else (nil), false for ErrNotOwner.
+// releaseSQL answers two booleans: ok, true when nothing of the caller is
+// held by anyone else (nil), false for ErrNotOwner; and locked (ErrLocked:
+// the snapshot's row is the caller's, and lk finds it locked).
 //
 // del deletes the owner's processing row (expired or not), unless it was
 // taken from an issue and is live: back makes that one issued again, for
@@ -375,46 +481,78 @@ WHERE e.key = $1 AND e.expires > clock_timestamp()
 // owner's Fence), the snapshot still shows the owner's processing row and
 // the answer is nil, true of the time the statement started. A row
 // inserted by another owner during the statement is not seen either:
-// nothing of the caller's was held, nil again.
-const releaseSQL = `WITH del AS (
+// nothing of the caller's was held, nil again. (del's DELETE needs a lock
+// stronger than lk's: two Releases of one key at once by its owner would
+// each wait for the other's lk, a deadlock that PostgreSQL breaks after
+// deadlock_timeout by failing one of them, which the middleware retries.)
+const releaseSQL = `WITH s AS (
+  SELECT FROM {table} e WHERE e.key = $1 AND e.owner = $2
+), lk AS (
+  SELECT e.key FROM {table} e WHERE e.key = $1 AND EXISTS (SELECT FROM s)
+  FOR KEY SHARE SKIP LOCKED
+), del AS (
   DELETE FROM {table} e WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
-    AND (e.issue_ttl IS NULL OR e.expires <= clock_timestamp())
+    AND (e.issue_ttl IS NULL OR e.expires <= clock_timestamp()) AND EXISTS (SELECT FROM lk)
   RETURNING 1
 ), back AS (
   UPDATE {table} e SET state = 'issued', owner = '', fingerprint = '',
     expires = clock_timestamp() + e.issue_ttl * interval '1 millisecond'
   WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
-    AND e.issue_ttl IS NOT NULL AND e.expires > clock_timestamp()
+    AND e.issue_ttl IS NOT NULL AND e.expires > clock_timestamp() AND EXISTS (SELECT FROM lk)
   RETURNING 1
 ), unheld AS (
   UPDATE {table} e SET held_until = NULL WHERE e.key = $1 AND e.owner = $2 AND e.state = 'committed'
+    AND EXISTS (SELECT FROM lk)
   RETURNING 1
 )
 SELECT EXISTS (SELECT FROM del) OR EXISTS (SELECT FROM back) OR EXISTS (SELECT FROM unheld) OR NOT EXISTS (
   SELECT FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp() AND e.state <> 'issued'
-    AND NOT (e.owner = $2 AND e.state IN ('processing', 'committed')))`
+    AND NOT (e.owner = $2 AND e.state IN ('processing', 'committed'))),
+  EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM lk)`
 
-// extendSQL: $3 lease. One row affected: extended. A processing row's
-// expiry is its lease; a committed row's expiry is its TTL's, and stays,
-// while the lease of the execution that committed it, held_until, is
-// extended unless it has ended (it ran out, or the owner's Release ended
-// it): like a processing row's, a lease that has run out stays so.
-const extendSQL = `UPDATE {table} e SET
-  expires = CASE WHEN e.state = 'processing' THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.expires END,
-  held_until = CASE WHEN e.state = 'committed' AND e.held_until > clock_timestamp()
-    THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.held_until END
-WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
+// extendSQL: $3 lease. It answers two booleans: extended (nil), and
+// locked (ErrLocked: the snapshot's row is the caller's, and lk finds it
+// locked, as while the owner's own fenced transaction is open); neither
+// is ErrNotOwner. A processing row's expiry is its lease; a committed
+// row's expiry is its TTL's, and stays, while the lease of the execution
+// that committed it, held_until, is extended unless it has ended (it ran
+// out, or the owner's Release ended it): like a processing row's, a lease
+// that has run out stays so.
+const extendSQL = `WITH s AS (
+  SELECT FROM {table} e WHERE e.key = $1 AND e.owner = $2
+), lk AS (
+  SELECT e.key FROM {table} e WHERE e.key = $1 AND EXISTS (SELECT FROM s)
+  FOR KEY SHARE SKIP LOCKED
+), upd AS (
+  UPDATE {table} e SET
+    expires = CASE WHEN e.state = 'processing' THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.expires END,
+    held_until = CASE WHEN e.state = 'committed' AND e.held_until > clock_timestamp()
+      THEN clock_timestamp() + $3::bigint * interval '1 millisecond' ELSE e.held_until END
+  WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()
+    AND EXISTS (SELECT FROM lk)
+  RETURNING 1
+)
+SELECT EXISTS (SELECT FROM upd), EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM lk)`
 
 // fenceSQL: $3 TTL. One row affected: the caller's transaction holds the
 // row lock and the entry is committed in it, held until the end of the
 // lease (SET reads the row as it was). An entry taken from an issue
-// forgets it: committed, it is never issued again.
-const fenceSQL = `UPDATE {table} e SET
+// forgets it: committed, it is never issued again. l locks the row FOR
+// UPDATE first (re-checking its WHERE on the newest version), so that the
+// probes of the other statements skip it while the transaction is open
+// (the UPDATE alone would lock FOR NO KEY UPDATE, which they do not see).
+const fenceSQL = `WITH l AS (
+  SELECT e.key FROM {table} e
+  WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()
+  FOR UPDATE
+)
+UPDATE {table} e SET
   state = 'committed',
   issue_ttl = NULL,
   held_until = CASE WHEN e.state = 'processing' THEN e.expires ELSE e.held_until END,
   expires = clock_timestamp() + $3::bigint * interval '1 millisecond'
-WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()`
+WHERE e.key = $1 AND e.owner = $2 AND e.state IN ('processing', 'committed') AND e.expires > clock_timestamp()
+  AND EXISTS (SELECT FROM l)`
 
 // cleanupSQL: $1 batch size. It deletes at most $1 expired rows, found
 // through the index on expires, skipping rows that another transaction
@@ -460,9 +598,11 @@ func bytes(s string) []byte {
 // answers 409 with Retry-After, or waits), and then done, with the
 // encoding of response.Record{NotReplayable: true} as its record (the
 // response is taken as lost: 409 ErrNotReplayable, or WithRebuild's
-// answer). Given an issued entry, it takes it as AcquireIssued does.
-// Errors wrap [storage.ErrInvalid], or say that the database could not be
-// reached or failed.
+// answer). While the transaction that fenced the entry is open, the entry
+// is in flight, answered at once (see Row locks in the package
+// documentation). Given an issued entry, it takes it as AcquireIssued
+// does. Errors wrap [storage.ErrInvalid], or say that the database could
+// not be reached or failed.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
 		return storage.Result{}, fmt.Errorf("pgstore: acquire: %w", err)
@@ -492,7 +632,7 @@ func (s *Store) acquire(ctx context.Context, q, key, owner, fingerprint string, 
 	switch {
 	case state == "processing" && mine:
 		return storage.Result{State: storage.Acquired}, nil
-	case state == "processing":
+	case state == "processing", state == "locked":
 		return storage.Result{State: storage.InFlight, Fingerprint: string(fp), LeaseLeft: time.Duration(left) * time.Millisecond}, nil
 	case state == "committed" && left > 0:
 		return storage.Result{State: storage.InFlight, Fingerprint: string(fp), LeaseLeft: time.Duration(left) * time.Millisecond}, nil
@@ -505,7 +645,8 @@ func (s *Store) acquire(ctx context.Context, q, key, owner, fingerprint string, 
 }
 
 // AcquireIssued implements [storage.Issuer.AcquireIssued]. A committed
-// entry is answered as Acquire answers it. Errors wrap
+// entry, and one whose fenced transaction is open, is answered as Acquire
+// answers it. Errors wrap
 // [storage.ErrInvalid], or say that the database could not be reached or
 // failed.
 func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
@@ -523,7 +664,8 @@ func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint strin
 }
 
 // Issue implements [storage.Issuer.Issue]: it inserts an issued row, or
-// replaces an expired row of any state. Errors wrap [storage.ErrExists] or
+// replaces an expired row of any state. A row whose fenced transaction is
+// open is in use: ErrExists, at once. Errors wrap [storage.ErrExists] or
 // [storage.ErrInvalid], or say that the database could not be reached or
 // failed.
 func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error {
@@ -544,9 +686,14 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 }
 
 // Complete implements [storage.Store.Complete]. It also completes the
-// owner's committed entry (see [Store.Fence]). Errors wrap
-// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that the database
-// could not be reached or failed.
+// owner's committed entry (see [Store.Fence]). A done entry keeps the
+// owner that completed it: a Complete of it is a resend (nil) only with
+// that owner and the same record; by another owner, even with an
+// identical record, it is ErrNotOwner. When a transaction that fenced the
+// owner's entry is still open, it returns at once an error wrapping
+// [ErrLocked], having changed nothing (the middleware tries again). Errors
+// wrap [storage.ErrNotOwner], [ErrLocked] or [storage.ErrInvalid], or say
+// that the database could not be reached or failed.
 func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("pgstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
@@ -554,50 +701,62 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 	if record == nil {
 		record = []byte{}
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.complete, bytes(key), bytes(owner), record, ms(ttl))
-	if err != nil {
+	var done, locked bool
+	if err := s.pool.QueryRow(ctx, s.sql.complete, bytes(key), bytes(owner), record, ms(ttl)).Scan(&done, &locked); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pgstore: complete: %w", storage.ErrNotOwner)
+	return answer("complete", done, locked)
+}
+
+// answer is the error of Complete, Release or Extend (op) from the two
+// booleans of its statement. Locked comes first: Release's check may
+// find nothing of the caller's held by anyone else (the snapshot's row is
+// the caller's) when it could not touch the row, and a Release that did
+// nothing must be tried again.
+func answer(op string, ok, locked bool) error {
+	switch {
+	case locked:
+		return fmt.Errorf("pgstore: %s: %w", op, ErrLocked)
+	case ok:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("pgstore: %s: %w", op, storage.ErrNotOwner)
 }
 
 // Release implements [storage.Store.Release], with one exception: the
 // owner's committed entry (see [Store.Fence]) is not deleted; its lease
 // ends (a retry gets ErrNotReplayable at once), and Release returns nil.
 // An entry taken from an issue becomes issued again, for the issue's
-// whole TTL, unless it was committed.
-// Errors wrap [storage.ErrNotOwner], or say that the database
+// whole TTL, unless it was committed. When a transaction that fenced the
+// owner's entry is still open, it returns at once an error wrapping
+// [ErrLocked], having changed nothing (the middleware tries again). Errors
+// wrap [storage.ErrNotOwner] or [ErrLocked], or say that the database
 // could not be reached or failed.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
-	var ok bool
-	if err := s.pool.QueryRow(ctx, s.sql.release, bytes(key), bytes(owner)).Scan(&ok); err != nil {
+	var ok, locked bool
+	if err := s.pool.QueryRow(ctx, s.sql.release, bytes(key), bytes(owner)).Scan(&ok, &locked); err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
-	if !ok {
-		return fmt.Errorf("pgstore: release: %w", storage.ErrNotOwner)
-	}
-	return nil
+	return answer("release", ok, locked)
 }
 
 // Extend implements [storage.Store.Extend]. On the owner's committed entry
 // (see [Store.Fence]) it extends the lease during which the entry is in
-// flight, not the entry's expiry (its TTL's). Errors wrap [storage.ErrNotOwner] or [storage.ErrInvalid], or say
-// that the database could not be reached or failed.
+// flight, not the entry's expiry (its TTL's). While the transaction that
+// fenced the owner's entry is open, it returns at once an error wrapping
+// [ErrLocked], not ErrNotOwner, having changed nothing: the heartbeat
+// tries again at its next renewal. Errors wrap [storage.ErrNotOwner],
+// [ErrLocked] or [storage.ErrInvalid], or say that the database could not
+// be reached or failed.
 func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
 	if lease <= 0 {
 		return fmt.Errorf("pgstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.extend, bytes(key), bytes(owner), ms(lease))
-	if err != nil {
+	var extended, locked bool
+	if err := s.pool.QueryRow(ctx, s.sql.extend, bytes(key), bytes(owner), ms(lease)).Scan(&extended, &locked); err != nil {
 		return fmt.Errorf("pgstore: extend: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pgstore: extend: %w", storage.ErrNotOwner)
-	}
-	return nil
+	return answer("extend", extended, locked)
 }
 
 // Cleanup deletes the expired rows of the table, in statements of at most

@@ -12,7 +12,8 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     --             its response is not stored (yet).
     -- done:       record holds the response.
     state       text        NOT NULL CHECK (state IN ('issued', 'processing', 'committed', 'done')),
-    -- The owner token of the execution that holds, or held, the entry;
+    -- The owner token of the execution that holds, or held, the entry
+    -- (done: the one that completed it; only its Complete is a resend);
     -- empty when issued.
     owner       bytea       NOT NULL,
     -- The fingerprint of the request that created the entry; empty when

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,6 +31,8 @@ func TestMilliseconds(t *testing.T) {
 func TestReplyShapes(t *testing.T) {
 	for _, reply := range []any{
 		nil, int64(2), int64(3), int64(-1), "", "D", "P\x00", "D\x03fp", "X\x00r", []any{}, []any{nil}, []any{"1"},
+		"C", "C\x00", "C\x02fp", "C\x00\x00", "C\x00\x00r", "C\x00\x80\x00o", "C\x00\x02o", "C\x00\x80",
+		"C\x00\xff\xff\xff\xff\xff\x01o", "C\x00\xff\xff\xff\xff\x0f",
 		[]any{int64(1)}, []any{int64(0)}, []any{int64(3), "fp", "r"},
 		[]any{int64(2)}, []any{int64(2), "fp"}, []any{int64(2), int64(5), int64(5)},
 		[]any{int64(2), "fp", "5"}, []any{int64(3), "fp", int64(5)}, []any{int64(2), "fp", int64(1), "extra"},
@@ -71,6 +74,10 @@ func TestReplies(t *testing.T) {
 		{"D\x02fp", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte{}}, nil},
 		{"D\x00", storage.Result{State: storage.Done, Record: []byte{}}, nil},
 		{"D\x02fprecord", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte("record")}, nil},
+		{"C\x02fp\x01orecord", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte("record")}, nil},
+		{"C\x00\x01o", storage.Result{State: storage.Done, Record: []byte{}}, nil},
+		{"C\x00\x80\x01" + strings.Repeat("o", 128) + "r", storage.Result{State: storage.Done, Record: []byte("r")}, nil},
+		{"C\x00\x81\x00or", storage.Result{State: storage.Done, Record: []byte("r")}, nil}, // not the shortest form, as Lua reads it
 		{int64(0), storage.Result{}, errCorrupt},
 	} {
 		res, err := acquireResult(c.reply)
@@ -98,6 +105,7 @@ func TestReplies(t *testing.T) {
 		{int64(1), storage.Acquired, nil},
 		{[]any{int64(2), "fp", int64(1500)}, storage.InFlight, nil},
 		{"D\x02fprecord", storage.Done, nil},
+		{"C\x02fp\x01orecord", storage.Done, nil},
 		{int64(0), 0, errCorrupt},
 	} {
 		res, err := acquireIssuedResult(c.reply)

@@ -16,10 +16,12 @@ import (
 // noeviction, under which it may evict the store's keys when it runs out
 // of memory: an in-flight entry that vanishes lets a duplicate request run
 // the handler again, and a done entry that vanishes lets a retry run it
-// again too. Every operation of the store then fails with an error that
-// wraps ErrEvictionPolicy, names the policy and says what to do, and
-// changes nothing, unless the store was made with [WithEvictionAllowed].
-// Compare with [errors.Is].
+// again too. Every operation of the store that starts new work (Acquire,
+// AcquireIssued, Issue) then fails with an error that wraps
+// ErrEvictionPolicy, names the policy and says what to do, and changes
+// nothing, unless the store was made with [WithEvictionAllowed];
+// Complete, Release and Extend are never refused (see [New]). Compare
+// with [errors.Is].
 var ErrEvictionPolicy = errors.New("redisstore: Redis maxmemory-policy may evict idempotency keys")
 
 // policyCheckEvery is how long a verdict on the maxmemory-policy stands
@@ -61,8 +63,9 @@ type policy struct {
 	running chan struct{} // closed when the check in flight ends; nil when none
 }
 
-// checkPolicy returns the error every operation fails with while the last
-// verdict says the server may evict, and nil otherwise. It costs no round
+// checkPolicy returns the error every operation that starts new work
+// (Acquire, AcquireIssued, Issue; the only ones that call it) fails with
+// while the last verdict says the server may evict, and nil otherwise. It costs no round
 // trip while the verdict is fresh (younger than every). With a stale
 // verdict it starts a check in the background, unless one is in flight,
 // and answers with the stale verdict at once. With no verdict at all (the

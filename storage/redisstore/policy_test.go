@@ -27,22 +27,24 @@ var evicting = []string{
 }
 
 // storeOps are the six operations, on a key held by owner "o" when the
-// store works (the last two on a key they issue and take).
+// store works (the last two on a key they issue and take). starts marks
+// those that start new work, the only ones the policy check refuses.
 var storeOps = []struct {
-	name string
-	run  func(ctx context.Context, s *redisstore.Store) error
+	name   string
+	starts bool
+	run    func(ctx context.Context, s *redisstore.Store) error
 }{
-	{"acquire", func(ctx context.Context, s *redisstore.Store) error {
+	{"acquire", true, func(ctx context.Context, s *redisstore.Store) error {
 		_, err := s.Acquire(ctx, "k", "o", "fp", time.Minute)
 		return err
 	}},
-	{"extend", func(ctx context.Context, s *redisstore.Store) error { return s.Extend(ctx, "k", "o", time.Minute) }},
-	{"complete", func(ctx context.Context, s *redisstore.Store) error {
+	{"extend", false, func(ctx context.Context, s *redisstore.Store) error { return s.Extend(ctx, "k", "o", time.Minute) }},
+	{"complete", false, func(ctx context.Context, s *redisstore.Store) error {
 		return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute)
 	}},
-	{"release", func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
-	{"issue", func(ctx context.Context, s *redisstore.Store) error { return s.Issue(ctx, "k3", time.Minute) }},
-	{"acquire issued", func(ctx context.Context, s *redisstore.Store) error {
+	{"release", false, func(ctx context.Context, s *redisstore.Store) error { return s.Release(ctx, "k2", "o") }},
+	{"issue", true, func(ctx context.Context, s *redisstore.Store) error { return s.Issue(ctx, "k3", time.Minute) }},
+	{"acquire issued", true, func(ctx context.Context, s *redisstore.Store) error {
 		res, err := s.AcquireIssued(ctx, "k3", "o", "fp", time.Minute)
 		if err == nil && res.State != storage.Acquired {
 			return errors.New("state " + res.State.String() + ", want acquired")
@@ -51,12 +53,22 @@ var storeOps = []struct {
 	}},
 }
 
-// wantRefused checks that every operation fails with ErrEvictionPolicy
-// and a message that names the operation, the policy and the ways out.
+// wantRefused checks that every operation that starts new work fails with
+// ErrEvictionPolicy and a message that names the operation, the policy
+// and the ways out, and that the others (extend, complete, release, here
+// of keys nobody holds) are not refused: they reach the server, which
+// answers ErrNotOwner for extend and complete, nil for release.
 func wantRefused(t *testing.T, s *redisstore.Store, policy string) {
 	t.Helper()
 	for _, o := range storeOps {
 		err := o.run(t.Context(), s)
+		if !o.starts {
+			if want := o.name == "release"; errors.Is(err, redisstore.ErrEvictionPolicy) || (err == nil) != want ||
+				(!want && !errors.Is(err, storage.ErrNotOwner)) {
+				t.Fatalf("%s with maxmemory-policy %s: %v, want it to reach the server (nil for release, ErrNotOwner otherwise)", o.name, policy, err)
+			}
+			continue
+		}
 		if !errors.Is(err, redisstore.ErrEvictionPolicy) {
 			t.Fatalf("%s with maxmemory-policy %s: %v, want ErrEvictionPolicy", o.name, policy, err)
 		}
@@ -552,4 +564,96 @@ func TestEvictionPolicyClusterUnknown(t *testing.T) {
 	}
 	layout.Store(2)
 	wantRefused(t, s, "allkeys-random")
+}
+
+// TestFinishingWorkWhileEvicting flips a running server to an evicting
+// policy while entries are held: the check refuses what starts new work
+// (Acquire, AcquireIssued, Issue), but an execution that already ran must
+// still be able to keep its lease, store its record and release: refused,
+// its record would be lost and the retry would run it again. The record
+// stored while the policy is bad is replayed once the policy is back.
+func TestFinishingWorkWhileEvicting(t *testing.T) {
+	rdb := client(t, redistest.Start(t))
+	s, clk := newClocked(rdb, redisstore.WithPrefix("p:"))
+	ctx := t.Context()
+	setPolicy := func(p string) {
+		t.Helper()
+		if err := rdb.ConfigSet(ctx, "maxmemory-policy", p).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// newVerdict makes the store check the policy again and take the
+	// check's verdict: the first Acquire on a stale verdict starts the
+	// check (before it returns) and answers with the old verdict; the
+	// check may have ended before WaitCheck looks.
+	newVerdict := func() {
+		t.Helper()
+		clk.Advance(redisstore.PolicyCheckEvery)
+		s.Acquire(ctx, "trigger", "o", "", time.Minute)
+		redisstore.WaitCheck(s)
+	}
+	for _, k := range []string{"done", "released"} {
+		if res, err := s.Acquire(ctx, k, "o-"+k, "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatalf("acquire %s before the flip: %+v, %v", k, res, err)
+		}
+	}
+	if err := s.Issue(ctx, "issued", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.AcquireIssued(ctx, "issued", "o-issued", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+		t.Fatalf("acquire issued before the flip: %+v, %v", res, err)
+	}
+
+	setPolicy("allkeys-lru")
+	newVerdict()
+	if _, err := s.Acquire(ctx, "new", "o", "fp", time.Minute); !errors.Is(err, redisstore.ErrEvictionPolicy) {
+		t.Fatalf("acquire of a new key after the flip: %v, want ErrEvictionPolicy", err)
+	}
+	if err := s.Extend(ctx, "done", "o-done", 2*time.Minute); err != nil {
+		t.Errorf("extend of a lease taken before the flip: %v, want nil", err)
+	}
+	if d := rdb.PTTL(ctx, "p:done").Val(); d <= time.Minute {
+		t.Errorf("lease PTTL %v after extend to 2m", d)
+	}
+	if err := s.Complete(ctx, "done", "o-done", []byte("rec"), time.Hour); err != nil {
+		t.Errorf("complete of a lease taken before the flip: %v, want nil", err)
+	}
+	if err := s.Complete(ctx, "done", "o-done", []byte("rec"), time.Hour); err != nil {
+		t.Errorf("complete resent: %v, want nil", err)
+	}
+	if err := s.Complete(ctx, "done", "another", []byte("rec"), time.Hour); !errors.Is(err, storage.ErrNotOwner) {
+		t.Errorf("complete by another owner: %v, want ErrNotOwner (owner-checked as always)", err)
+	}
+	if err := s.Release(ctx, "released", "o-released"); err != nil {
+		t.Errorf("release of a lease taken before the flip: %v, want nil", err)
+	}
+	if err := s.Release(ctx, "issued", "o-issued"); err != nil {
+		t.Errorf("release of an issued key taken before the flip: %v, want nil", err)
+	}
+	// Replay is an Acquire, refused while the policy is bad: the record
+	// is there all the same.
+	if _, err := s.Acquire(ctx, "done", "retry", "fp", time.Minute); !errors.Is(err, redisstore.ErrEvictionPolicy) {
+		t.Errorf("acquire (replay) while evicting: %v, want ErrEvictionPolicy", err)
+	}
+	if v, err := rdb.Get(ctx, "p:done").Result(); err != nil || !strings.HasSuffix(v, "rec") {
+		t.Errorf("done entry %q (%v), want the record stored", v, err)
+	}
+	if n := rdb.Exists(ctx, "p:released").Val(); n != 0 {
+		t.Errorf("released entry still there")
+	}
+	if v := rdb.Get(ctx, "p:issued").Val(); v != "I3600000" {
+		t.Errorf("issued key released to %q, want issued again", v)
+	}
+
+	setPolicy("noeviction")
+	newVerdict()
+	if res, err := s.Acquire(ctx, "done", "retry", "fp", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != "rec" {
+		t.Errorf("retry after the policy is back: %+v, %v; want the record replayed", res, err)
+	}
+	if res, err := s.Acquire(ctx, "released", "retry", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+		t.Errorf("retry of the released key: %+v, %v; want acquired", res, err)
+	}
+	if res, err := s.AcquireIssued(ctx, "issued", "retry", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+		t.Errorf("retry of the released issued key: %+v, %v; want acquired", res, err)
+	}
 }

@@ -26,8 +26,12 @@
 // noeviction (Redis's default). Under any other policy every key of the
 // store may be evicted under memory pressure, and a duplicate request
 // would then run the handler again, so the store checks the policy at its
-// first use and about once a minute after that, and refuses to work, with
-// [ErrEvictionPolicy], while it evicts: see [New]. A Redis shared with
+// first use and about once a minute after that, and refuses to start new
+// work, with [ErrEvictionPolicy], while it evicts: Acquire, AcquireIssued
+// and Issue are refused. Complete, Release and Extend are never refused:
+// they finish an execution that has started (possibly before the policy
+// changed), and refusing them would lose its record, so that the retry
+// ran it again. See [New]. A Redis shared with
 // other applications that want eviction (a cache) cannot serve the store:
 // the policy and maxmemory are the server's, for all its databases, so
 // give the store a server of its own. [WithEvictionAllowed] opts out.
@@ -36,24 +40,48 @@
 //
 // An entry is one Redis string under prefix+key:
 //
-//	'P' len(fingerprint) fingerprint owner                  while processing
-//	'Q' len(fingerprint) fingerprint len(ttl) ttl owner     while processing, taken from an issue
-//	'D' len(fingerprint) fingerprint record                 when done
-//	'I' ttl                                                 when issued
+//	'P' len(fingerprint) fingerprint owner                    while processing
+//	'Q' len(fingerprint) fingerprint len(ttl) ttl owner       while processing, taken from an issue
+//	'C' len(fingerprint) fingerprint len(owner) owner record  when done
+//	'I' ttl                                                   when issued
+//	'D' len(fingerprint) fingerprint record                   when done, written by an older release
 //
-// The state is one byte, 'P', 'Q', 'D' or 'I'; the fingerprint's length
-// is one byte (a fingerprint has at most [storage.MaxFingerprintLen]
-// bytes); the owner token or the record takes the rest of the value. ttl
-// is the TTL given to [Store.Issue], in milliseconds, in decimal digits
-// (without a leading zero; at most 15), after its length in one byte in a
-// 'Q' entry: [Store.Release] turns a 'Q' entry back into 'I' ttl, for ttl
-// milliseconds. A value of any other shape (or a key of another type)
-// makes every operation on it fail with an error, and changes nothing.
+// The state is one byte, 'P', 'Q', 'C', 'I' or 'D'; the fingerprint's
+// length is one byte (a fingerprint has at most
+// [storage.MaxFingerprintLen] bytes); the owner token or the record takes
+// the rest of the value. ttl is the TTL given to [Store.Issue], in
+// milliseconds, in decimal digits (without a leading zero; at most 15),
+// after its length in one byte in a 'Q' entry: [Store.Release] turns a
+// 'Q' entry back into 'I' ttl, for ttl milliseconds. A done entry keeps
+// the owner that completed it: len(owner) in a 'C' entry is an unsigned
+// varint (7 bits a byte, least significant first, as encoding/binary's
+// Uvarint; one byte for an owner of up to 127 bytes, such as the
+// middleware's 32-character tokens, so a done entry is 1+len(owner) bytes
+// longer than it would be without) of at most 5 bytes, never 0. A value of
+// any other shape (or a key of another type) makes every operation on it
+// fail with an error, and changes nothing.
 //
-// A version of this package from before issued keys answers such an
-// error for the 'Q' and 'I' entries it does not know (while versions are
-// mixed during a rolling deploy, say); it handles 'P' and 'D' entries as
-// this one does.
+// [Store.Complete] on a done entry answers nil (a resend) only when both
+// the owner and the record are the ones it holds, and
+// [storage.ErrNotOwner] otherwise, changing nothing: an owner whose lease
+// ran out, and whose execution ran again under another owner, is told so
+// even when both produced the same record.
+//
+// Releases before the owner was kept wrote done entries as 'D' entries,
+// without the owner. This one reads them as done entries all the same:
+// Acquire and AcquireIssued replay them, Release and Extend answer
+// ErrNotOwner, Issue ErrExists. Complete on a 'D' entry always answers
+// ErrNotOwner, even with the very record it holds, and changes nothing:
+// it cannot prove that its owner wrote it (and a process of this release
+// never writes a 'D' entry, so its own resend never meets one).
+//
+// An older release of this package answers an error for each entry of a
+// state it does not know (while versions are mixed during a rolling
+// deploy, say): one from before issued keys for 'Q' and 'I' entries, one
+// from before done entries kept their owner for 'C' entries, which it
+// then neither replays nor runs again (the middleware answers with its
+// store error) until the new release serves the request; the 'P' entries
+// are handled alike by all.
 package redisstore
 
 import (
@@ -99,9 +127,11 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 //
 // # Eviction
 //
-// The store refuses to work on a Redis that may evict its keys: an
-// evicted in-flight entry lets a duplicate request run the handler again.
-// Its first operation asks the server for its maxmemory-policy (INFO
+// The store refuses to start new work on a Redis that may evict its keys:
+// an evicted in-flight entry lets a duplicate request run the handler
+// again. Only the operations that start new work check the policy:
+// Acquire, AcquireIssued and Issue ("operation" below means one of
+// these). The first one asks the server for its maxmemory-policy (INFO
 // memory: one round trip, or one per master of a redis.ClusterClient,
 // sent in parallel, or per shard of a redis.Ring) and waits for the
 // answer; from then on the verdict stands for about a minute, after which
@@ -109,8 +139,18 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // the old verdict without waiting. At most one check is in flight; no
 // goroutine outlives it. While the verdict says the server may evict,
 // every operation fails with an error wrapping [ErrEvictionPolicy] that
-// names the policy, without sending its script. So a policy changed at run
-// time (CONFIG SET) is noticed within about a minute, either way.
+// names the policy, without sending its script. So a policy changed at
+// run time (CONFIG SET) is noticed within about a minute, either way.
+//
+// Complete, Release and Extend never check the policy, never wait for a
+// check and are never refused: whatever the verdict, they send their
+// script. They finish an execution that has started, possibly before the
+// policy changed: refused, its lease would run out and its record be
+// lost, and the retry would run the handler again, which is what the
+// check is there to prevent. A record stored while the server may evict
+// may be evicted later; it is replayed while it lasts, but only once
+// Acquire is allowed again (a replay is an Acquire, refused like any
+// other while the policy is bad).
 //
 //   - Any policy other than noeviction is refused, also with maxmemory 0
 //     (no limit, so nothing is evicted yet): a limit can be set at any
@@ -174,17 +214,40 @@ var (
 )
 
 // parseLua, the start of every script, splits a value into its state,
-// fingerprint, rest (owner or record) and issue TTL, or returns nil when
-// the value is not an entry (a processing entry must have an owner). A
-// 'P' entry and a 'Q' entry (taken from an issue) both come out as 'P',
-// the 'Q' one with its issue TTL, the others without; an 'I' entry comes
-// out with empty fingerprint and rest. A TTL is a string of 1 to 15
+// fingerprint, rest (owner or record), issue TTL and done entry's owner,
+// or returns nil when the value is not an entry (a processing entry must
+// have an owner, and so must a 'C' entry). A 'P' entry and a 'Q' entry
+// (taken from an issue) both come out as 'P', the 'Q' one with its issue
+// TTL, the others without; a 'C' entry and a 'D' entry (the previous
+// release's, without the owner) both come out as 'D', with the record as
+// rest, the 'C' one with its owner, the 'D' one without; an 'I' entry
+// comes out with empty fingerprint and rest. A TTL is a string of 1 to 15
 // decimal digits without a leading zero, kept as a string to be sent to
-// PX as it is.
+// PX as it is. uvarint reads the unsigned varint (7 bits a byte, least
+// significant first, as Go's encoding/binary) of at most 5 bytes at i of
+// s, and returns it and the index after it; uvarintOf writes one.
 const parseLua = `
 local function ttl(t)
   if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
   return nil
+end
+local function uvarint(s, i)
+  local x, mul = 0, 1
+  for j = i, i + 4 do
+    local b = string.byte(s, j)
+    if b == nil then return nil end
+    if b < 128 then return x + b * mul, j + 1 end
+    x, mul = x + (b - 128) * mul, mul * 128
+  end
+  return nil
+end
+local function uvarintOf(x)
+  local s = ''
+  while x >= 128 do
+    s = s .. string.char(128 + x % 128)
+    x = math.floor(x / 128)
+  end
+  return s .. string.char(x)
 end
 local function parse(v)
   local tag = string.sub(v, 1, 1)
@@ -196,7 +259,11 @@ local function parse(v)
   local n = string.byte(v, 2)
   if n == nil or #v < 2 + n then return nil end
   local fp, rest = string.sub(v, 3, 2 + n), string.sub(v, 3 + n)
-  if tag == 'D' then
+  if tag == 'C' then
+    local m, i = uvarint(rest, 1)
+    if m == nil or m == 0 or #rest < i - 1 + m then return nil end
+    return 'D', fp, string.sub(rest, i + m), nil, string.sub(rest, i, i - 1 + m)
+  elseif tag == 'D' then
     return 'D', fp, rest
   elseif tag == 'P' and #rest > 0 then
     return 'P', fp, rest
@@ -272,16 +339,18 @@ end
 return -1
 `
 
-// complete: ARGV owner, record, ttl in ms.
+// complete: ARGV owner, record, ttl in ms. A done entry: 1 (a resend)
+// when it was completed by this owner with this record; 0 otherwise, and
+// always for a 'D' entry, which does not tell its owner.
 const completeSrc = parseLua + `
 if not v then return 0 end
-local tag, fp, rest = parse(v)
+local tag, fp, rest, t, o = parse(v)
 if tag == 'D' then
-  if rest == ARGV[2] then return 1 end
+  if o == ARGV[1] and rest == ARGV[2] then return 1 end
   return 0
 elseif tag == 'P' then
   if rest ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[1], 'D' .. string.char(#fp) .. fp .. ARGV[2], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], 'C' .. string.char(#fp) .. fp .. uvarintOf(#ARGV[1]) .. ARGV[1] .. ARGV[2], 'PX', ARGV[3])
   return 1
 elseif tag == 'I' then
   return 0
@@ -543,20 +612,49 @@ func acquireResult(reply any) (storage.Result, error) {
 }
 
 // doneResult parses the value of a done entry, as the acquire script
-// returns it: 'D', the fingerprint's length, the fingerprint, the record.
-// The fingerprint is a substring of v; the record is copied out of it.
+// returns it: 'C', the fingerprint's length, the fingerprint, the owner's
+// length (a uvarint), the owner, the record; or 'D', the fingerprint's
+// length, the fingerprint, the record. The fingerprint is a substring of
+// v; the record is copied out of it.
 func doneResult(v string) (storage.Result, error) {
-	if len(v) < 2 || v[0] != 'D' || len(v) < 2+int(v[1]) {
+	if len(v) < 2 || (v[0] != 'C' && v[0] != 'D') || len(v) < 2+int(v[1]) {
 		return storage.Result{}, unexpected(v)
 	}
 	n := 2 + int(v[1])
-	return storage.Result{State: storage.Done, Fingerprint: v[2:n], Record: []byte(v[n:])}, nil
+	fp, rest := v[2:n], v[n:]
+	if v[0] == 'C' {
+		m, k := uvarint(rest)
+		if k <= 0 || m == 0 || uint64(len(rest)-k) < m {
+			return storage.Result{}, unexpected(v)
+		}
+		rest = rest[k+int(m):]
+	}
+	return storage.Result{State: storage.Done, Fingerprint: fp, Record: []byte(rest)}, nil
 }
 
-// Complete implements [storage.Store.Complete]. Errors wrap
-// [storage.ErrNotOwner], [storage.ErrInvalid] or [ErrEvictionPolicy], or
-// say that Redis could not be reached, failed, or holds a value under the
-// key that is not an entry.
+// uvarint reads the owner's length in a 'C' entry as the scripts do: a
+// uvarint of at most 5 bytes. It returns the value and the bytes read, or
+// k <= 0 when s does not start with one.
+func uvarint(s string) (x uint64, k int) {
+	for i := 0; i < len(s) && i < 5; i++ {
+		b := s[i]
+		x |= uint64(b&0x7f) << (7 * i)
+		if b < 0x80 {
+			return x, i + 1
+		}
+	}
+	return 0, 0
+}
+
+// Complete implements [storage.Store.Complete]. The done entry keeps
+// owner: a later Complete of it returns nil only for the same owner and
+// record (a resend), and ErrNotOwner for any other owner, even with the
+// same record, and for a done entry of an older release, which does not
+// keep its owner (see the package doc's Layout). It is never refused for
+// the server's maxmemory-policy (see [New]). Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
+// not be reached, failed, or holds a value under the key that is not an
+// entry.
 func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
@@ -567,18 +665,20 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 
 // Release implements [storage.Store.Release]: an entry taken from an issue
 // goes back to the issued state, for the issue's whole TTL again; Release
-// of an issued entry changes nothing and returns nil. Errors wrap
-// [storage.ErrNotOwner] or [ErrEvictionPolicy], or say that Redis could not
-// be reached, failed, or holds a value under the key that is not an entry.
+// of an issued entry changes nothing and returns nil. It is never refused
+// for the server's maxmemory-policy (see [New]). Errors wrap
+// [storage.ErrNotOwner], or say that Redis could not be reached, failed,
+// or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
 	c := &call{key: s.prefix + key}
 	return s.owned(ctx, "release", release, c, owner)
 }
 
-// Extend implements [storage.Store.Extend]. Errors wrap
-// [storage.ErrNotOwner], [storage.ErrInvalid] or [ErrEvictionPolicy], or
-// say that Redis could not be reached, failed, or holds a value under the
-// key that is not an entry.
+// Extend implements [storage.Store.Extend]. It is never refused for the
+// server's maxmemory-policy (see [New]). Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
+// not be reached, failed, or holds a value under the key that is not an
+// entry.
 func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
 	if lease <= 0 {
 		return fmt.Errorf("redisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
@@ -587,11 +687,10 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 	return s.owned(ctx, "extend", extend, c, owner, &c.n)
 }
 
-// owned runs an owner-checked script and maps its answer.
+// owned runs an owner-checked script and maps its answer. It does not
+// check the maxmemory-policy: Complete, Release and Extend finish work
+// that has started, and always send their script (see [New]).
 func (s *Store) owned(ctx context.Context, op string, sc script, c *call, args ...any) error {
-	if err := s.checkPolicy(ctx); err != nil {
-		return fmt.Errorf("redisstore: %s: %w", op, err)
-	}
 	reply, err := s.run(ctx, sc, c, args...)
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, replyErr(err))

@@ -238,11 +238,31 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 	s.Extend(ctx, "k", "owner", 1001*time.Microsecond) // rounded up
 	check("app:k", "P\x02fpowner", 2*time.Millisecond)
 	s.Complete(ctx, "k", "owner", []byte{0, 1, 2}, 36*time.Hour)
-	check("app:k", "D\x02fp\x00\x01\x02", 36*time.Hour)
+	check("app:k", "C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
 	s.Acquire(ctx, "sub", "o", "", 100*time.Microsecond)
 	check("app:sub", "P\x00o", time.Millisecond)
 	s.Acquire(ctx, "k", "other", "x", time.Minute) // a replay changes nothing
-	check("app:k", "D\x02fp\x00\x01\x02", 36*time.Hour)
+	check("app:k", "C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
+	// An owner of 128 bytes or more: its length takes two bytes or more.
+	for _, c := range []struct {
+		n   int
+		len string
+	}{{127, "\x7f"}, {128, "\x80\x01"}, {300, "\xac\x02"}, {16384, "\x80\x80\x01"}} {
+		long := strings.Repeat("o", c.n)
+		s.Acquire(ctx, "long", long, "fp", time.Minute)
+		s.Complete(ctx, "long", long, []byte("r"), time.Hour)
+		check("app:long", "C\x02fp"+c.len+long+"r", time.Hour)
+		if err := s.Complete(ctx, "long", long, []byte("r"), time.Hour); err != nil {
+			t.Fatalf("resend by an owner of %d bytes: %v", c.n, err)
+		}
+		if err := s.Complete(ctx, "long", long[1:], []byte("r"), time.Hour); !errors.Is(err, storage.ErrNotOwner) {
+			t.Fatalf("complete by an owner of %d bytes, one byte short: %v, want ErrNotOwner", c.n, err)
+		}
+		if res, err := s.Acquire(ctx, "long", "x", "", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != "r" || res.Fingerprint != "fp" {
+			t.Fatalf("replay of an owner of %d bytes: %+v, %v", c.n, res, err)
+		}
+		mr.Del("app:long")
+	}
 
 	// Issued keys.
 	s.Issue(ctx, "i", 90*time.Minute)
@@ -260,7 +280,7 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 	s.Acquire(ctx, "i", "o", "", time.Second) // Acquire takes it too
 	check("app:i", "Q\x00\x075400000o", time.Second)
 	s.Complete(ctx, "i", "o", []byte("r"), time.Hour)
-	check("app:i", "D\x00r", time.Hour)
+	check("app:i", "C\x00\x01or", time.Hour)
 	s.Issue(ctx, "sub-i", time.Nanosecond) // rounded up
 	check("app:sub-i", "I1", time.Millisecond)
 	s.AcquireIssued(ctx, "never", "o", "", time.Minute) // writes nothing
@@ -402,6 +422,8 @@ func TestCorruptValue(t *testing.T) {
 			"I", "I0", "I01", "I-5", "I5x", "I 5", "I1.5", "I1e3", "I1234567890123456", "i5",
 			"Q", "Q\x00", "Q\x00\x00o", "Q\x00\x015", "Q\x00\x025", "Q\x02fp\x025o", "Q\x00\x010o", "Q\x00\x02x1o",
 			"Q\x09short", "Q\x00\x00", "Q\x00\x1012345678901234567o",
+			"C", "C\x00", "C\x02fp", "C\x09short", "C\x00\x00", "C\x00\x00rec", "C\x00\x80\x00o", "C\x00\x05own",
+			"C\x02fp\x80", "C\x00\x81", "C\x00\xff\xff\xff\xff\xff\x01o", "C\x00\x80\x01" + strings.Repeat("o", 127),
 		} {
 			if err := rdb.Set(ctx, p+"bad", v, time.Minute).Err(); err != nil {
 				t.Fatal(err)
@@ -538,6 +560,121 @@ func TestCommandsPrintTheirArguments(t *testing.T) {
 		for _, c := range h.cmds {
 			if strings.Contains(c, "0xc") {
 				t.Errorf("command %q prints a pointer", c)
+			}
+		}
+	})
+}
+
+// TestCompleteChecksTheOwnerOfADoneEntry: A's lease runs out while its
+// handler runs, B acquires the key, runs and completes it with record R;
+// A then completes with the very same R. That is a second execution, not
+// a resend: A gets ErrNotOwner and the entry is left as B wrote it. B's
+// resend of its Complete is still nil.
+func TestCompleteChecksTheOwnerOfADoneEntry(t *testing.T) {
+	each(t, func(t *testing.T, rdb *redis.Client, mr *miniredis.Miniredis) {
+		ctx := t.Context()
+		p := prefix("owner")
+		s := redisstore.New(rdb, redisstore.WithPrefix(p))
+		if res, err := s.Acquire(ctx, "k", "A", "fp", 20*time.Millisecond); err != nil || res.State != storage.Acquired {
+			t.Fatalf("A acquires: %+v, %v", res, err)
+		}
+		// A's lease runs out.
+		if mr != nil {
+			mr.FastForward(21 * time.Millisecond)
+		} else {
+			time.Sleep(25 * time.Millisecond)
+		}
+		if res, err := s.Acquire(ctx, "k", "B", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatalf("B acquires after A's lease ran out: %+v, %v", res, err)
+		}
+		rec := []byte("R: the same response")
+		if err := s.Complete(ctx, "k", "B", rec, time.Hour); err != nil {
+			t.Fatalf("B completes: %v", err)
+		}
+		before := rdb.Get(ctx, p+"k").Val()
+		if mr != nil {
+			mr.FastForward(time.Minute) // a TTL rewritten would show
+		}
+		ttl := rdb.PTTL(ctx, p+"k").Val()
+		if err := s.Complete(ctx, "k", "A", rec, 2*time.Hour); !errors.Is(err, storage.ErrNotOwner) {
+			t.Errorf("A completes with B's very record: %v, want ErrNotOwner (A ran a second time)", err)
+		}
+		if err := s.Complete(ctx, "k", "A", []byte("R2"), 2*time.Hour); !errors.Is(err, storage.ErrNotOwner) {
+			t.Errorf("A completes with another record: %v, want ErrNotOwner", err)
+		}
+		if err := s.Complete(ctx, "k", "B", []byte("R2"), 2*time.Hour); !errors.Is(err, storage.ErrNotOwner) {
+			t.Errorf("B completes again with another record: %v, want ErrNotOwner", err)
+		}
+		if err := s.Complete(ctx, "k", "B", rec, 2*time.Hour); err != nil {
+			t.Errorf("B's resend: %v, want nil", err)
+		}
+		if after := rdb.Get(ctx, p+"k").Val(); after != before {
+			t.Errorf("entry changed from %q to %q", before, after)
+		}
+		if d := rdb.PTTL(ctx, p+"k").Val(); d > ttl {
+			t.Errorf("PTTL %v after the refused completes, was %v: the TTL was renewed", d, ttl)
+		}
+		if res, err := s.Acquire(ctx, "k", "C", "fp", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != string(rec) || res.Fingerprint != "fp" {
+			t.Errorf("acquire after: %+v, %v; want done with B's record", res, err)
+		}
+		for name, f := range map[string]func() error{
+			"release by B": func() error { return s.Release(ctx, "k", "B") },
+			"extend by B":  func() error { return s.Extend(ctx, "k", "B", time.Minute) },
+		} {
+			if err := f(); !errors.Is(err, storage.ErrNotOwner) {
+				t.Errorf("%s of the done entry: %v, want ErrNotOwner", name, err)
+			}
+		}
+		if err := s.Issue(ctx, "k", time.Minute); !errors.Is(err, storage.ErrExists) {
+			t.Errorf("issue over the done entry: %v, want ErrExists", err)
+		}
+	})
+}
+
+// TestOldDoneEntry: a done entry in the layout of the previous release
+// ('D', the fingerprint's length, the fingerprint, the record: no owner),
+// as a process of that release writes it during a rolling deploy, is
+// replayed. Complete cannot prove that its owner wrote it, so it answers
+// ErrNotOwner even with the same record, and changes nothing.
+func TestOldDoneEntry(t *testing.T) {
+	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := t.Context()
+		p := prefix("old")
+		s := redisstore.New(rdb, redisstore.WithPrefix(p))
+		for _, c := range []struct{ value, fp, rec string }{
+			{"D\x02fprecord", "fp", "record"},
+			{"D\x00", "", ""},
+			{"D\x00\x00\x01C\x05", "", "\x00\x01C\x05"}, // a record that looks like a new entry's tail
+			{"D\x03abc", "abc", ""},
+		} {
+			if err := rdb.Set(ctx, p+"k", c.value, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Acquire(ctx, "k", "o", "x", time.Minute)
+			if err != nil || res.State != storage.Done || res.Fingerprint != c.fp || string(res.Record) != c.rec {
+				t.Errorf("acquire over %q: %+v, %v; want done, fingerprint %q, record %q", c.value, res, err, c.fp, c.rec)
+			}
+			res, err = s.AcquireIssued(ctx, "k", "o", "x", time.Minute)
+			if err != nil || res.State != storage.Done || res.Fingerprint != c.fp || string(res.Record) != c.rec {
+				t.Errorf("acquire issued over %q: %+v, %v; want done", c.value, res, err)
+			}
+			if err := s.Complete(ctx, "k", "o", []byte(c.rec), time.Minute); !errors.Is(err, storage.ErrNotOwner) {
+				t.Errorf("complete with the same record over %q: %v, want ErrNotOwner", c.value, err)
+			}
+			if err := s.Release(ctx, "k", "o"); !errors.Is(err, storage.ErrNotOwner) {
+				t.Errorf("release over %q: %v, want ErrNotOwner", c.value, err)
+			}
+			if err := s.Extend(ctx, "k", "o", time.Minute); !errors.Is(err, storage.ErrNotOwner) {
+				t.Errorf("extend over %q: %v, want ErrNotOwner", c.value, err)
+			}
+			if err := s.Issue(ctx, "k", time.Minute); !errors.Is(err, storage.ErrExists) {
+				t.Errorf("issue over %q: %v, want ErrExists", c.value, err)
+			}
+			if got := rdb.Get(ctx, p+"k").Val(); got != c.value {
+				t.Errorf("value %q changed to %q", c.value, got)
+			}
+			if d := rdb.PTTL(ctx, p+"k").Val(); d <= 59*time.Minute {
+				t.Errorf("PTTL %v, want the hour it was set with", d)
 			}
 		}
 	})

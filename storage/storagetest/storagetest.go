@@ -10,8 +10,11 @@
 //	}
 //
 // It checks every clause of the documentation of [storage.Store]: the three
-// outcomes of Acquire, owner checks on Complete, Release and Extend, resends,
-// lease and TTL expiry, rounding to milliseconds, invalid arguments, binary
+// outcomes of Acquire, owner checks on Complete, Release and Extend, resends
+// (a done entry takes Complete with an identical record as a resend only
+// from the owner that completed it, not from one whose lease ran out before
+// another owner completed, nor from one that never held it), lease and TTL
+// expiry, rounding to milliseconds, invalid arguments, binary
 // safety of fingerprints, owners and records, and that exactly one of many
 // concurrent acquirers wins. For a store that implements
 // [storage.RecordKeeper] it checks the Complete clauses on CompleteKeep too
@@ -198,6 +201,61 @@ var completeCases = []testCase{
 		copy(buf, "XXXXXX")
 		s.wantDone(k, "fp", []byte("record"))
 	}},
+	{"LeaseLostSameRecord", func(s *suite) { s.leaseLostSameRecord("Complete", s.Store.Complete) }},
+	{"OtherOwnerSameRecordAfterDone", func(s *suite) { s.otherOwnerSameRecordAfterDone("Complete", s.Store.Complete) }},
+}
+
+// completeFunc is Complete or CompleteKeep.
+type completeFunc func(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
+
+// leaseLostSameRecord: owner A's lease runs out, owner B acquires and
+// completes with record R; A's Complete with the very same R must not be
+// taken for a resend (that would report two executions as one), while B's
+// resend still is one.
+func (s *suite) leaseLostSameRecord(name string, complete completeFunc) {
+	k := s.key()
+	lease := s.short()
+	start := time.Now()
+	s.wantAcquired(s.acquire(k, "owner-A", "fp-A", lease))
+	// B's acquire finds A in flight, changing nothing, until A's lease
+	// has run out; then it takes the key.
+	s.expire(start, lease, func() bool {
+		s.t.Helper()
+		return s.acquire(k, "owner-B", "fp-B", minute).State == storage.Acquired
+	})
+	if err := complete(s.ctx, k, "owner-B", []byte("record"), hour); err != nil {
+		s.t.Fatalf("%s by owner-B, who took the key after owner-A's lease ran out: %v", name, err)
+	}
+	bufA := []byte("record")
+	s.is(complete(s.ctx, k, "owner-A", bufA, hour), storage.ErrNotOwner,
+		name+" by owner-A, whose lease ran out, with the record owner-B completed with")
+	copy(bufA, "XXXXXX") // still owner-A's
+	s.wantDone(k, "fp-B", []byte("record"))
+	if err := complete(s.ctx, k, "owner-B", []byte("record"), hour); err != nil {
+		s.t.Fatalf("%s resent by owner-B with the same record: %v, want nil", name, err)
+	}
+	s.is(complete(s.ctx, k, "owner-A", []byte("record"), hour), storage.ErrNotOwner,
+		name+" by owner-A, after owner-B's resend")
+	s.wantDone(k, "fp-B", []byte("record"))
+}
+
+// otherOwnerSameRecordAfterDone: once A has completed with R, a Complete
+// with R by B, who never held the entry, is no resend.
+func (s *suite) otherOwnerSameRecordAfterDone(name string, complete completeFunc) {
+	k := s.key()
+	s.wantAcquired(s.acquire(k, "owner-A", "fp-A", minute))
+	if err := complete(s.ctx, k, "owner-A", []byte("record"), hour); err != nil {
+		s.t.Fatalf("%s by owner-A: %v", name, err)
+	}
+	bufB := []byte("record")
+	s.is(complete(s.ctx, k, "owner-B", bufB, hour), storage.ErrNotOwner,
+		name+" by owner-B, who never held the entry, with owner-A's record")
+	copy(bufB, "XXXXXX") // still owner-B's
+	s.wantDone(k, "fp-A", []byte("record"))
+	if err := complete(s.ctx, k, "owner-A", []byte("record"), hour); err != nil {
+		s.t.Fatalf("%s resent by owner-A with the same record: %v, want nil", name, err)
+	}
+	s.wantDone(k, "fp-A", []byte("record"))
 }
 
 // completeKeepCases check CompleteKeep of a storage.RecordKeeper: the
@@ -262,6 +320,8 @@ var completeKeepCases = []testCase{
 		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("r"), 0), storage.ErrInvalid, "CompleteKeep with a ttl of 0")
 		s.wantInFlight(k, "fp")
 	}},
+	{"LeaseLostSameRecord", func(s *suite) { s.leaseLostSameRecord("CompleteKeep", s.keeper().CompleteKeep) }},
+	{"OtherOwnerSameRecordAfterDone", func(s *suite) { s.otherOwnerSameRecordAfterDone("CompleteKeep", s.keeper().CompleteKeep) }},
 }
 
 var releaseCases = []testCase{
