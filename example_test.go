@@ -222,3 +222,34 @@ func ExampleMiddleware_IssueKey() {
 	// 400 replayed="" application/problem+json
 	// orders: 1
 }
+
+// A handler whose work may have taken effect although it must answer an
+// error (a charge sent to a provider whose reply was lost) marks the
+// execution done: the 502 does not release the key, and the retry gets 409
+// instead of a second charge.
+func ExampleMarkDone() {
+	store := memstore.New()
+	defer store.Close()
+	m, err := idem.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	charges := 0
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++ // the charge request went out; its reply never came back
+		idem.MarkDone(r.Context())
+		http.Error(w, "payment provider timed out", http.StatusBadGateway)
+	}))
+	for range 2 {
+		r := httptest.NewRequest(http.MethodPost, "/charges", nil)
+		r.Header.Set("Idempotency-Key", "charge-1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code)
+	}
+	fmt.Println("charges sent:", charges)
+	// Output:
+	// 502
+	// 409
+	// charges sent: 1
+}

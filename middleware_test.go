@@ -705,3 +705,40 @@ func TestFailedAcquireUnlocks(t *testing.T) {
 		t.Fatalf("retry: %d %s, handler ran %d times; want 201 at once", w.Code, w.Body, runs.Load())
 	}
 }
+
+// A handler that outlived its lease while a retry ran it again is reported
+// lease-lost, even when both wrote the very same response: the store
+// checks the owner on every Complete. On the main before this fix the
+// memory store took the loser's identical record as a resend, and both
+// executions were reported executed: the double run was hidden.
+func TestDoubleRunNotHidden(t *testing.T) {
+	mem, clk := newMemStore(t)
+	var log eventLog
+	m, err := idem.New(mem, idem.WithLease(30*time.Second), idem.WithObserver(log.observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-proceed
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "order placed")
+	}))
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- serve(h, "k", "") }()
+	<-entered
+	clk.Advance(31 * time.Second) // the first's lease runs out (its process stalled)
+	if w := serve(h, "k", ""); w.Code != http.StatusCreated || runs.Load() != 2 {
+		t.Fatalf("retry after the lease: %d, handler ran %d times", w.Code, runs.Load())
+	}
+	close(proceed)
+	<-first
+	got := log.outcomes()
+	if len(got) != 2 || got[0] != idem.Executed || got[1] != idem.LeaseLost {
+		t.Fatalf("events %v, want executed (the retry) and lease-lost (the first)", got)
+	}
+}
