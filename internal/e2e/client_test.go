@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -512,8 +513,9 @@ func allExecutions(t testing.TB, ctx context.Context, rdb *redis.Client) (all []
 	return all, byKey
 }
 
-// doneRecords decodes every done record in a Redis store ('D', the
-// fingerprint's length, the fingerprint, the record; see redisstore).
+// doneRecords decodes every done record in a Redis store ('C', the
+// fingerprint's length, the fingerprint, the owner's length as a uvarint,
+// the owner, the record; see redisstore).
 func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []response.Record {
 	t.Helper()
 	var recs []response.Record
@@ -526,11 +528,16 @@ func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []respons
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(v) < 2 || v[0] != 'D' {
+		if len(v) < 2 || v[0] != 'C' {
 			continue
 		}
 		var rec response.Record
-		if n := int(v[1]); len(v) < 2+n || rec.UnmarshalBinary(v[2+n:]) != nil {
+		n := 2 + int(v[1])
+		if len(v) < n {
+			t.Fatalf("%s: not a done record: %q", iter.Val(), v)
+		}
+		owner, m := binary.Uvarint(v[n:])
+		if m <= 0 || uint64(len(v)-n-m) < owner || rec.UnmarshalBinary(v[n+m+int(owner):]) != nil {
 			t.Fatalf("%s: not a done record: %q", iter.Val(), v)
 		}
 		recs = append(recs, rec)

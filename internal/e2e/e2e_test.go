@@ -535,7 +535,7 @@ func redisClient(t testing.TB, addr string) *redis.Client {
 }
 
 // checkTTLs checks that every record key under prefix has a TTL: at most
-// lease while in flight ('P'), at most ttl when done ('D'). It returns the
+// lease while in flight ('P'), at most ttl when done ('C'). It returns the
 // number of each.
 func checkTTLs(t testing.TB, ctx context.Context, rdb *redis.Client, prefix string, lease, ttl time.Duration) (inFlight, done int) {
 	t.Helper()
@@ -561,7 +561,7 @@ func checkTTLs(t testing.TB, ctx context.Context, rdb *redis.Client, prefix stri
 		case 'P':
 			inFlight++
 			max = lease
-		case 'D':
+		case 'C':
 			done++
 		default:
 			t.Errorf("%s holds %q", k, v)
