@@ -213,7 +213,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 
 // statements are the SQL of the store's operations on its table.
 type statements struct {
-	schema, acquire, acquireIssued, issue, complete, release, extend, fence, cleanup string
+	schema, acquire, acquireIssued, issue, complete, completeFailed, release, extend, fence, cleanup string
 }
 
 // newStatements writes the statements for table id. A clock other than ""
@@ -225,15 +225,16 @@ func newStatements(id pgx.Identifier, clock string) statements {
 	}
 	f := r.Replace
 	return statements{
-		schema:        schemaFor(id),
-		acquire:       f(acquireSQL),
-		acquireIssued: f(acquireIssuedSQL),
-		issue:         f(issueSQL),
-		complete:      f(completeSQL),
-		release:       f(releaseSQL),
-		extend:        f(extendSQL),
-		fence:         f(fenceSQL),
-		cleanup:       f(cleanupSQL),
+		schema:         schemaFor(id),
+		acquire:        f(acquireSQL),
+		acquireIssued:  f(acquireIssuedSQL),
+		issue:          f(issueSQL),
+		complete:       f(completeSQL),
+		completeFailed: f(completeFailedSQL),
+		release:        f(releaseSQL),
+		extend:         f(extendSQL),
+		fence:          f(fenceSQL),
+		cleanup:        f(cleanupSQL),
 	}
 }
 
@@ -429,8 +430,9 @@ ON CONFLICT (key) DO UPDATE SET
   expires = clock_timestamp() + $2::bigint * interval '1 millisecond', issue_ttl = $2::bigint
 WHERE e.expires <= clock_timestamp()`
 
-// completeSQL: $3 record, $4 TTL. It answers two booleans: done (nil),
-// and locked (ErrLocked); neither is ErrNotOwner.
+// completeSQL: $3 record, $4 TTL. One row updated means done (nil); none,
+// that the owner's entry is gone, another's or done by another owner, or
+// that it is locked: completeFailedSQL then tells which.
 //
 // The owner's processing or committed entry becomes done, and keeps its
 // owner: the one that completed it. A done entry completed by this very
@@ -441,14 +443,13 @@ WHERE e.expires <= clock_timestamp()`
 // completed it, is not that owner's resend). An UPDATE re-checks its
 // WHERE on the newest version of a row changed concurrently (READ
 // COMMITTED), so a resend racing the first Complete sees the done row.
-// The row is the caller's in the snapshot and lk finds it locked: locked.
-const completeSQL = `WITH s AS (
-  SELECT FROM {table} e WHERE e.key = $1 AND e.owner = $2
-), lk AS (
-  SELECT e.key FROM {table} e WHERE e.key = $1 AND EXISTS (SELECT FROM s)
+// lk skips the row, and so nothing is updated, while a transaction that
+// fenced it is open.
+const completeSQL = `WITH lk AS (
+  SELECT e.key FROM {table} e WHERE e.key = $1 AND e.owner = $2
   FOR KEY SHARE SKIP LOCKED
-), upd AS (
-  UPDATE {table} e SET
+)
+UPDATE {table} e SET
     state = 'done',
     held_until = NULL,
     issue_ttl = NULL,
@@ -456,10 +457,22 @@ const completeSQL = `WITH s AS (
     expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
   WHERE e.key = $1 AND e.expires > clock_timestamp() AND e.owner = $2
     AND (e.state IN ('processing', 'committed') OR (e.state = 'done' AND e.record = $3))
-    AND EXISTS (SELECT FROM lk)
-  RETURNING 1
+    AND EXISTS (SELECT FROM lk)`
+
+// completeFailedSQL tells, after a completeSQL that updated nothing,
+// whether the caller may try again (ErrLocked) rather than having lost
+// the entry (ErrNotOwner): the owner's row is locked by a transaction
+// that fenced it, or it is (by now) one completeSQL would take. Only a
+// Complete that failed pays this second round trip.
+const completeFailedSQL = `WITH s AS (
+  SELECT e.state, e.expires > clock_timestamp() AS live, e.record = $3 AS same
+  FROM {table} e WHERE e.key = $1 AND e.owner = $2
+), lk AS (
+  SELECT e.key FROM {table} e WHERE e.key = $1 AND e.owner = $2
+  FOR KEY SHARE SKIP LOCKED
 )
-SELECT EXISTS (SELECT FROM upd), EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM lk)`
+SELECT EXISTS (SELECT FROM s WHERE s.live AND (s.state IN ('processing', 'committed') OR (s.state = 'done' AND s.same)))
+    OR (EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM lk))`
 
 // releaseSQL answers two booleans: ok, true when nothing of the caller is
 // held by anyone else (nil), false for ErrNotOwner; and locked (ErrLocked:
@@ -701,11 +714,18 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 	if record == nil {
 		record = []byte{}
 	}
-	var done, locked bool
-	if err := s.pool.QueryRow(ctx, s.sql.complete, bytes(key), bytes(owner), record, ms(ttl)).Scan(&done, &locked); err != nil {
+	tag, err := s.pool.Exec(ctx, s.sql.complete, bytes(key), bytes(owner), record, ms(ttl))
+	if err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
-	return answer("complete", done, locked)
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var locked bool
+	if err := s.pool.QueryRow(ctx, s.sql.completeFailed, bytes(key), bytes(owner), record).Scan(&locked); err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	return answer("complete", false, locked)
 }
 
 // answer is the error of Complete, Release or Extend (op) from the two
