@@ -132,7 +132,9 @@
 // and every other statement, before it writes the key's row, locks it
 // FOR KEY SHARE SKIP LOCKED, the one mode that conflicts with FOR UPDATE
 // only. A row held by a fenced transaction is skipped, and the statement
-// answers at once from its snapshot, in one round trip as always:
+// answers at once from its snapshot, in one round trip (a Complete that
+// found nothing to update takes a second one to tell a locked row from a
+// lost one):
 //
 //   - Acquire and AcquireIssued: [storage.InFlight], with the fingerprint
 //     of the execution that fenced and the lease left as the row showed
