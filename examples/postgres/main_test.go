@@ -231,14 +231,17 @@ func TestStaleExecutionRefused(t *testing.T) {
 	a.waitLocked(a.orders)
 
 	// Hold the key's entry, and let the INSERT through: the execution
-	// waits at its Fence.
+	// waits at its Fence. FOR SHARE holds off the Fence (FOR UPDATE) and
+	// the store's writes, as a long pause of the process would let them
+	// queue; FOR UPDATE would be taken for an open fenced transaction,
+	// which duplicates answer as in flight without waiting.
 	entryLock, err := a.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer entryLock.Rollback(ctx)
 	var skey []byte
-	if err := entryLock.QueryRow(ctx, "SELECT key FROM "+ident(a.table)+" FOR UPDATE").Scan(&skey); err != nil {
+	if err := entryLock.QueryRow(ctx, "SELECT key FROM "+ident(a.table)+" FOR SHARE").Scan(&skey); err != nil {
 		t.Fatal(err)
 	}
 	if err := ordersLock.Commit(ctx); err != nil {
