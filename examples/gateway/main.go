@@ -21,6 +21,10 @@
 // a second upstream call. A client that goes away while the upstream's
 // answer is being copied makes the proxy panic with http.ErrAbortHandler
 // after the status went out, and the middleware keeps that key done too.
+// And a protected request without a body is sent so that Go's transport
+// does not resend it by itself, as it would when a reused connection
+// closes before the answer: its Idempotency-Key header tells the
+// transport that a resend is safe.
 //
 // The route that scopes records is the URL path: a proxy has no route
 // patterns. Records are scoped by the Authorization header by default; a
@@ -31,6 +35,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -128,12 +133,28 @@ type markSent struct{ next http.RoundTripper }
 func (t markSent) RoundTrip(req *http.Request) (*http.Response, error) {
 	var wrote atomic.Bool
 	trace := &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }}
-	res, err := t.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	out := req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+	if info, _ := idem.FromContext(req.Context()); info.Protected && (out.Body == nil || out.Body == http.NoBody) {
+		// Go's transport takes a bodiless request that carries
+		// Idempotency-Key as safe to send again, and does so by itself
+		// when a reused connection closes before the answer: the upstream
+		// would get it twice. A body it cannot rewind (empty: sent as a
+		// chunked body of no bytes) makes it send a protected request
+		// once. Other requests keep the transport's own retry.
+		out.Body, out.ContentLength = emptyBody{}, 0
+	}
+	res, err := t.next.RoundTrip(out)
 	if err != nil && wrote.Load() {
 		idem.MarkDone(req.Context())
 	}
 	return res, err
 }
+
+// emptyBody is a request body of no bytes that is not http.NoBody.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
 
 // countingUpstream answers every request with how many it has served.
 func countingUpstream() http.Handler {

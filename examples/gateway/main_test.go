@@ -162,3 +162,61 @@ func TestGatewayUnknownOutcomeNotResent(t *testing.T) {
 		})
 	}
 }
+
+// Go's transport resends a bodiless request that carries Idempotency-Key
+// by itself when a reused connection closes before the answer (it takes
+// the key as the client's promise that a resend is safe): behind the
+// gateway the upstream would get it twice. The gateway sends such a
+// request once: the upstream that closed the connection is called once,
+// the client gets 502, and its retry 409. On the main before this fix the
+// upstream got the request twice.
+func TestGatewayBodilessRequestSentOnce(t *testing.T) {
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "" {
+			w.WriteHeader(http.StatusOK) // warms a keep-alive connection
+			return
+		}
+		calls.Add(1)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close() // the request was read (and acted on); the answer is lost
+		}
+	}))
+	defer up.Close()
+	target, _ := url.Parse(up.URL)
+	store, closeStore := demo.OpenStore("")
+	defer closeStore()
+	h, m, err := newGateway(store, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	send := func(key string) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", gw.URL+"/orders/7/cancel", nil)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if s := send(""); s != http.StatusOK {
+		t.Fatalf("warm-up: %d", s)
+	}
+	if s := send("k-cancel"); s != http.StatusBadGateway {
+		t.Fatalf("first: %d, want 502", s)
+	}
+	if err := m.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := send("k-cancel"); s != http.StatusConflict || calls.Load() != 1 {
+		t.Fatalf("retry: %d; the upstream got the request %d times, want 409 and once", s, calls.Load())
+	}
+}
