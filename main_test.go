@@ -3,9 +3,9 @@ package idem
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idemkit/idem/internal/leakcheck"
 )
 
 // TestMain fails the run if a test leaves a goroutine behind, such as a
 // lease heartbeat that outlives its handler.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }

@@ -3,12 +3,10 @@ package nethttp_test
 import (
 	"testing"
 
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/redistest"
-	"go.uber.org/goleak"
+	"github.com/idemkit/idem/internal/leakcheck"
 )
 
-// TestMain stops the redis-servers and the PostgreSQL server the
-// conformance suite started (and removes their data) and fails the run if a
-// goroutine leaked (a lease heartbeat, a store's janitor).
-func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Wrap(redistest.Wrap(m))) }
+// TestMain fails the run if a goroutine leaked (a lease heartbeat, a
+// store's janitor). The conformance suite, on every store, runs this
+// adapter in internal/tests/nethttp.
+func TestMain(m *testing.M) { leakcheck.Main(m) }

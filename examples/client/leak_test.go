@@ -3,8 +3,8 @@ package main
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idemkit/idem/internal/leakcheck"
 )
 
 // TestMain fails the run if a test leaves a goroutine behind.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }

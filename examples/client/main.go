@@ -42,9 +42,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/examples/nethttp/orders"
 	"github.com/idemkit/idem/idemclient"
-	"github.com/idemkit/idem/internal/demo"
 )
 
 func main() {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/storage"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"

@@ -3,10 +3,10 @@ package main
 import (
 	"testing"
 
+	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/redistest"
-	"go.uber.org/goleak"
 )
 
 // TestMain fails the run if a test leaves a goroutine behind, and stops
 // the redis-server that internal/redistest started for the tests.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
+func TestMain(m *testing.M) { leakcheck.Main(redistest.Wrap(m)) }

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 // TestGateway: a keyed POST reaches the upstream once, its retry is

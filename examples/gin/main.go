@@ -18,8 +18,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/ginidem"
-	"github.com/idemkit/idem/internal/demo"
 	"github.com/idemkit/idem/storage"
 )
 

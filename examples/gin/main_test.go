@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/idemkit/idem/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demo/demotest"
 )
 
 // TestDemo runs what `go run ./examples/gin -demo` runs, on the memory

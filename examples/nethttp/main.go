@@ -12,8 +12,8 @@
 package main
 
 import (
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/examples/nethttp/orders"
-	"github.com/idemkit/idem/internal/demo"
 )
 
 func main() { demo.Main(orders.New) }

@@ -5,7 +5,7 @@ import (
 
 	"github.com/idemkit/idem/examples/nethttp/orders"
 
-	"github.com/idemkit/idem/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demo/demotest"
 )
 
 // TestDemo runs what `go run ./examples/nethttp -demo` runs, on the memory

@@ -82,7 +82,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"

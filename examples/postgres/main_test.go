@@ -16,9 +16,10 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo"
-	"github.com/idemkit/idem/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo/demotest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/tests/pgxtest"
 	"github.com/idemkit/idem/storage"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,8 +34,8 @@ import (
 // second finds the tables made. Each transcript shows the promised
 // answers, and one order per key.
 func TestDemo(t *testing.T) {
-	pool := pgtest.Pool(t)
-	c := config{dsn: pgtest.DSN(t), table: pgtest.Table(t, pool), orders: pgtest.Table(t, pool), demo: true}
+	pool := pgxtest.Pool(t)
+	c := config{dsn: pgtest.DSN(t), table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool), demo: true}
 	rowRE := regexp.MustCompile(`(?m)^order-([123])-([0-9a-f]{8}) \| 1$`)
 	for i := range 2 {
 		var out, logw demotest.Buffer
@@ -337,8 +338,8 @@ type app struct {
 // newApp opens the service as run does, on tables of the test's own.
 func newApp(t *testing.T) *app {
 	t.Helper()
-	pool := pgtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 12 })
-	a := &app{t: t, pool: pool, table: pgtest.Table(t, pool), orders: pgtest.Table(t, pool)}
+	pool := pgxtest.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 12 })
+	a := &app{t: t, pool: pool, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	svc, err := open(ctx, pool, a.table, a.orders, demo.NewEnv(nil), log.New(io.Discard, "", 0))

@@ -11,8 +11,9 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/tests/pgxtest"
 )
 
 // The tests run the service on a real PostgreSQL (internal/pgtest), each
@@ -20,8 +21,8 @@ import (
 
 // TestDemo runs what `go run ./examples/statemachine -pg ... -demo` runs.
 func TestDemo(t *testing.T) {
-	pool := pgtest.Pool(t)
-	c := config{dsn: pgtest.DSN(t), table: pgtest.Table(t, pool), payments: pgtest.Table(t, pool), demo: true}
+	pool := pgxtest.Pool(t)
+	c := config{dsn: pgtest.DSN(t), table: pgxtest.Table(t, pool), payments: pgxtest.Table(t, pool), demo: true}
 	var out strings.Builder
 	if err := run(c, &out, io.Discard); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -44,8 +45,8 @@ func TestDemo(t *testing.T) {
 // server runs the service on tables of its own.
 func server(t *testing.T) (*service, string) {
 	t.Helper()
-	pool := pgtest.Pool(t)
-	s, err := open(context.Background(), pool, pgtest.Table(t, pool), pgtest.Table(t, pool), demo.NewEnv(io.Discard))
+	pool := pgxtest.Pool(t)
+	s, err := open(context.Background(), pool, pgxtest.Table(t, pool), pgxtest.Table(t, pool), demo.NewEnv(io.Discard))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 // burst is how many copies of an event the demo delivers at once: the

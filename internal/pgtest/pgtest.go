@@ -1,9 +1,10 @@
-// Package pgtest gives tests a real PostgreSQL server, fresh tables on it,
-// and counts the statements and round trips a pgx pool makes.
+// Package pgtest gives tests a real PostgreSQL server. It imports no
+// driver, so that every module of the kit can use it; internal/tests/pgxtest
+// adds pgx pools, fresh tables and a round-trip counter on top.
 //
 // [DSN] returns IDEM_PG_DSN when it is set. Otherwise it starts one private
 // server per test binary, lazily, and shares it between the tests of the
-// binary (so each test uses tables of its own: see [Table]). The server's
+// binary (so each test uses tables of its own). The server's
 // binaries are looked up with pg_config --bindir, then in
 // /usr/lib/postgresql/*/bin (where Debian keeps them, off PATH), then on
 // PATH. initdb refuses to run as root, so under root the server runs as the
@@ -14,10 +15,9 @@
 // CI), where it fails.
 //
 // The shared server is stopped, and its directory removed, when the tests
-// end if the package's TestMain goes through [Main] or [Wrap]:
+// end if the package's TestMain goes through [Wrap]:
 //
-//	func TestMain(m *testing.M) { pgtest.Main(m) }            // goleak included
-//	func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Wrap(m)) }
+//	func TestMain(m *testing.M) { leakcheck.Main(pgtest.Wrap(m)) }
 //
 // On Linux the server also gets SIGQUIT (an immediate shutdown, which
 // removes its shared memory) when the test binary exits, so a package that
@@ -27,9 +27,7 @@
 package pgtest
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -44,11 +42,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 )
 
 // Environment variables read by [DSN].
@@ -110,61 +103,22 @@ func check(t testing.TB, err error) {
 	}
 }
 
-// Pool returns a pgx pool on [DSN], configured by the given functions
-// (for example a tracer, or [Counter.Configure]) before it is created.
-// It is closed when the test ends. It skips or fails the test like DSN.
-func Pool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(DSN(t))
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
-	for _, f := range configure {
-		f(cfg)
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// Table returns a table name that no other test uses (idem_test_ and 16
-// hex digits; nothing is created) and drops the table, if it was created,
-// when the test ends. Call it after Pool, so that the table is dropped
-// before the pool is closed.
-func Table(t testing.TB, pool *pgxpool.Pool) string {
-	t.Helper()
-	b := make([]byte, 8)
-	rand.Read(b)
-	name := "idem_test_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
-			t.Errorf("pgtest: dropping table %s: %v", name, err)
-		}
-	})
-	return name
-}
-
 // Wrap returns m with a Run that runs the tests and then stops the shared
 // server, for a TestMain of its own:
 //
-//	func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Wrap(m)) }
-func Wrap(m goleak.TestingM) goleak.TestingM { return wrapped{m} }
+//	func TestMain(m *testing.M) { leakcheck.Main(pgtest.Wrap(m)) }
+func Wrap(m M) M { return wrapped{m} }
 
-type wrapped struct{ m goleak.TestingM }
+// M is what a TestMain runs: *testing.M, or another M wrapped (the
+// same as leakcheck.M).
+type M interface{ Run() int }
+
+type wrapped struct{ m M }
 
 func (w wrapped) Run() int {
 	defer stopShared()
 	return w.m.Run()
 }
-
-// Main runs the tests, stops the shared server, fails the run if goroutines
-// leaked (go.uber.org/goleak) and exits. Call it from TestMain.
-func Main(m *testing.M) { goleak.VerifyTestMain(Wrap(m)) }
 
 func stopShared() {
 	shared.mu.Lock()
@@ -261,7 +215,7 @@ func start(settings []string) (*server, error) {
 func startAt(bin, dir string, cred *cred, port int, settings []string) (*server, error) {
 	logName := filepath.Join(dir, "postgres.log")
 	// The output goes to a file, not a pipe: a pipe needs a goroutine that
-	// copies it, which goleak would report in packages that never stop the
+	// copies it, which leakcheck would report in packages that never stop the
 	// shared server. It is appended to, so that the log of a restarted
 	// server (see Proc) follows the first's.
 	log, err := os.OpenFile(logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -304,18 +258,16 @@ func startAt(bin, dir string, cred *cred, port int, settings []string) (*server,
 	return srv, nil
 }
 
-// waitReady connects until the server accepts a connection, the server
-// exits, or timeout passes.
+// waitReady asks pg_isready (beside postgres) until the server accepts
+// connections, the server exits, or timeout passes.
 func waitReady(srv *server, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := pgconn.Connect(ctx, srv.dsn)
-		cancel()
+		out, err := exec.Command(filepath.Join(srv.bin, "pg_isready"), "-t", "1", "-d", srv.dsn).CombinedOutput()
 		if err == nil {
-			c.Close(context.Background())
 			return nil
 		}
+		err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(out))
 		if exited(srv.cmd) {
 			return fmt.Errorf("exited: %w", err)
 		}

@@ -1,5 +1,6 @@
-// Package redistest gives tests a real redis-server and counts the round
-// trips a go-redis client makes.
+// Package redistest gives tests a real redis-server. It imports no Redis
+// client, so that every module of the kit can use it; internal/tests/redisx
+// counts the round trips a go-redis client makes.
 //
 // [Addr] returns IDEM_REDIS_ADDR when it is set. Otherwise it starts one
 // redis-server from PATH per test binary, lazily, on a free loopback port,
@@ -8,10 +9,9 @@
 // test is skipped, unless IDEM_REQUIRE_REDIS=1 (as in CI), where it fails.
 //
 // The shared server is stopped when the tests end if the package's TestMain
-// goes through [Main] or [Wrap]:
+// goes through [Wrap]:
 //
-//	func TestMain(m *testing.M) { redistest.Main(m) }            // goleak included
-//	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
+//	func TestMain(m *testing.M) { leakcheck.Main(redistest.Wrap(m)) }
 //
 // On Linux the server also gets SIGKILL when the test binary exits, so a
 // package that forgets to do so, or a test binary that crashes, leaves no
@@ -20,7 +20,6 @@ package redistest
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -28,12 +27,8 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 // Environment variables read by [Addr] and [Start].
@@ -104,19 +99,19 @@ func check(t testing.TB, err error) {
 // Wrap returns m with a Run that runs the tests and then stops the shared
 // server, for a TestMain of its own:
 //
-//	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
-func Wrap(m *testing.M) goleak.TestingM { return wrapped{m} }
+//	func TestMain(m *testing.M) { leakcheck.Main(redistest.Wrap(m)) }
+func Wrap(m M) M { return wrapped{m} }
 
-type wrapped struct{ m *testing.M }
+// M is what a TestMain runs: *testing.M, or another M wrapped (the
+// same as leakcheck.M).
+type M interface{ Run() int }
+
+type wrapped struct{ m M }
 
 func (w wrapped) Run() int {
 	defer stopShared()
 	return w.m.Run()
 }
-
-// Main runs the tests, stops the shared server, fails the run if goroutines
-// leaked (go.uber.org/goleak) and exits. Call it from TestMain.
-func Main(m *testing.M) { goleak.VerifyTestMain(Wrap(m)) }
 
 func stopShared() {
 	stopCluster()
@@ -170,7 +165,7 @@ func startOn(bin string, args []string) (*server, error) {
 // persistence unless args say otherwise, and waits until it answers PING.
 func startAt(bin string, port int, args []string) (*server, error) {
 	// The output goes to a file, not a pipe: a pipe needs a goroutine that
-	// copies it, which goleak would report in packages that never stop the
+	// copies it, which leakcheck would report in packages that never stop the
 	// shared server.
 	log, err := os.CreateTemp("", "redistest-*.log")
 	if err != nil {
@@ -239,40 +234,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// CommandCounter is a go-redis hook that counts round trips: one per
-// command, one per pipeline (or transaction). A script run through
-// redis.Script that falls back from EVALSHA to EVAL counts two, as it
-// costs two. The commands a client sends to set up a new connection (HELLO,
-// CLIENT SETINFO) go through the hooks too, so warm the connection up
-// before counting. Add it with AddHook; the zero value is ready to use and
-// safe for concurrent use.
-type CommandCounter struct{ n atomic.Int64 }
-
-var _ redis.Hook = (*CommandCounter)(nil)
-
-// Count returns the round trips since creation or the last Reset.
-func (c *CommandCounter) Count() int64 { return c.n.Load() }
-
-// Reset sets the count to zero.
-func (c *CommandCounter) Reset() { c.n.Store(0) }
-
-// DialHook implements redis.Hook; dialing is not counted.
-func (c *CommandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-// ProcessHook implements redis.Hook: one per command.
-func (c *CommandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-// ProcessPipelineHook implements redis.Hook: one per pipeline.
-func (c *CommandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmds)
-	}
 }

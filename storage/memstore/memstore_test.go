@@ -9,14 +9,14 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/storagetest"
-	"go.uber.org/goleak"
 )
 
-// goleak fails the package if a janitor outlives its Close.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// leakcheck fails the package if a janitor outlives its Close.
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 func newStore(t *testing.T, opts ...Option) (*Store, *testclock.Clock) {
 	clk := testclock.New(time.Unix(1_700_000_000, 0))
@@ -265,7 +265,7 @@ func TestCloseIdempotentAndConcurrent(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// The store stays usable, and goleak (TestMain) checks the janitor
+	// The store stays usable, and leakcheck (TestMain) checks the janitor
 	// is gone.
 	if res := acquire(t, s, "k", "o", time.Minute); res.State != storage.Acquired {
 		t.Fatalf("Acquire after Close: %v", res.State)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -18,7 +17,7 @@ import (
 //
 //	go test -run '^$' -bench . ./storage/pgstore/
 func BenchmarkStore(b *testing.B) {
-	pool := pgtest.Pool(b, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
+	pool := testPool(b, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
 	d := openOn(b, pool)
 	s, ctx := d.store, context.Background()
 	rec := make([]byte, 333) // a typical record, as docs/performance.md measures it

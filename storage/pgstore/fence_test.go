@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
@@ -63,14 +62,14 @@ func (d *dying) Extend(ctx context.Context, key, owner string, lease time.Durati
 
 func newApp(t *testing.T, opts ...idem.Option) *app {
 	t.Helper()
-	return newAppOn(t, pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 8 }), nil, opts...)
+	return newAppOn(t, testPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 8 }), nil, opts...)
 }
 
 // newAppOn is newApp on pool, with the store's options storeOpts.
 func newAppOn(t *testing.T, pool *pgxpool.Pool, storeOpts []pgstore.Option, opts ...idem.Option) *app {
 	t.Helper()
 	a := &app{db: openOn(t, pool, storeOpts...)}
-	orders := pgtest.Table(t, pool)
+	orders := testTable(t, pool)
 	a.orders = pgx.Identifier{orders}.Sanitize()
 	a.exec("CREATE TABLE " + a.orders + " (id serial PRIMARY KEY, owner text NOT NULL)")
 	a.store = &dying{Store: a.db.store}
@@ -541,7 +540,7 @@ func (o *openTx) finish(end func(pgx.Tx) error) *httptest.ResponseRecorder {
 // answers at once with an error that is not ErrNotOwner. Then the
 // transaction commits and the response is stored and replayed.
 func TestFenceOpenAnswersAtOnce(t *testing.T) {
-	pool := pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
+	pool := testPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
 	a := newAppOn(t, pool, nil)
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -645,7 +644,7 @@ func TestFenceOpenAnswersAtOnce(t *testing.T) {
 // owner what they answer anyway. The transaction commits; the
 // middleware's Complete then stores the response.
 func TestFenceOpenPastLease(t *testing.T) {
-	pool := pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
+	pool := testPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
 	clock, advance := frozenClock(t, pool)
 	a := newAppOn(t, pool, []pgstore.Option{pgstore.WithClock(clock)})
 	ctx := context.Background()
@@ -823,8 +822,8 @@ func TestFenceTwice(t *testing.T) {
 // idem.
 func TestFenceUnprotected(t *testing.T) {
 	t.Run("no Info", func(t *testing.T) {
-		var c pgtest.Counter
-		pool := pgtest.Pool(t, c.Configure)
+		var c counter
+		pool := testPool(t, c.Configure)
 		d := openOn(t, pool)
 		tx, err := pool.Begin(context.Background())
 		if err != nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 	"github.com/jackc/pgx/v5"
@@ -44,9 +43,9 @@ func TestMiddlewareCommitThenNoRecord(t *testing.T) {
 		{"without Fence", false, 2, http.StatusCreated},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pool := pgtest.Pool(t)
+			pool := testPool(t)
 			d := openOn(t, pool)
-			orders := pgx.Identifier{pgtest.Table(t, pool)}.Sanitize()
+			orders := pgx.Identifier{testTable(t, pool)}.Sanitize()
 			d.exec("CREATE TABLE " + orders + " (id serial PRIMARY KEY)")
 			const lease = 100 * time.Millisecond
 			m, err := idem.New(unreachable{d.store}, idem.WithLease(lease), idem.WithTTL(time.Hour))

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
@@ -18,7 +19,7 @@ import (
 
 // Main stops the shared PostgreSQL server and checks for leaked
 // goroutines (the janitor's among them).
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { leakcheck.Main(pgtest.Wrap(m)) }
 
 // db is a table of the test's own on the shared server, and a store on it.
 type db struct {
@@ -32,13 +33,13 @@ type db struct {
 // the test ends.
 func open(t testing.TB, opts ...pgstore.Option) *db {
 	t.Helper()
-	pool := pgtest.Pool(t)
+	pool := testPool(t)
 	return openOn(t, pool, opts...)
 }
 
 func openOn(t testing.TB, pool *pgxpool.Pool, opts ...pgstore.Option) *db {
 	t.Helper()
-	d := &db{t: t, pool: pool, table: pgtest.Table(t, pool)}
+	d := &db{t: t, pool: pool, table: testTable(t, pool)}
 	s, err := pgstore.New(pool, append(opts, pgstore.WithTable(d.table))...)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func (d *db) state(key string) string {
 // when the test ends.
 func frozenClock(t testing.TB, pool *pgxpool.Pool) (expr string, advance func(time.Duration)) {
 	t.Helper()
-	name := pgtest.Table(t, pool) // the clock's table
+	name := testTable(t, pool) // the clock's table
 	fn := pgx.Identifier{name + "_now"}.Sanitize()
 	tbl := pgx.Identifier{name}.Sanitize()
 	ctx := context.Background()
@@ -116,7 +117,7 @@ func frozenClock(t testing.TB, pool *pgxpool.Pool) (expr string, advance func(ti
 func TestContract(t *testing.T) {
 	// As many connections as the suite has concurrent acquirers, so that
 	// they really run at once.
-	d := openOn(t, pgtest.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 50 }))
+	d := openOn(t, testPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 50 }))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		return storagetest.Harness{Store: d.store}
 	})
@@ -128,7 +129,7 @@ func TestContract(t *testing.T) {
 func TestContractExecModes(t *testing.T) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
-			pool := pgtest.Pool(t, func(cfg *pgxpool.Config) {
+			pool := testPool(t, func(cfg *pgxpool.Config) {
 				cfg.ConnConfig.DefaultQueryExecMode = mode
 				cfg.MaxConns = 50
 			})
@@ -145,7 +146,7 @@ func TestContractExecModes(t *testing.T) {
 // clock stopped and moved by the suite: every clause, including the
 // rounding to milliseconds, is checked exactly. A table per subtest.
 func TestContractFrozenClock(t *testing.T) {
-	pool := pgtest.Pool(t)
+	pool := testPool(t)
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		clock, advance := frozenClock(t, pool)
 		d := openOn(t, pool, pgstore.WithClock(clock))
@@ -181,8 +182,8 @@ func TestTableNames(t *testing.T) {
 
 // TestSchemaQualified runs a store on a table in a schema of its own.
 func TestSchemaQualified(t *testing.T) {
-	pool := pgtest.Pool(t)
-	schema := pgtest.Table(t, pool) // a fresh name, for the schema
+	pool := testPool(t)
+	schema := testTable(t, pool) // a fresh name, for the schema
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatal(err)
@@ -260,8 +261,8 @@ func TestCheckConstraints(t *testing.T) {
 // on one connection whose statements are prepared already: a protected
 // first execution costs 2, a replay 1.
 func TestRoundTrips(t *testing.T) {
-	var c pgtest.Counter
-	pool := pgtest.Pool(t, c.Configure, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	var c counter
+	pool := testPool(t, c.Configure, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	d := openOn(t, pool)
 	s, ctx := d.store, context.Background()
 	must := func(err error) {
@@ -380,9 +381,9 @@ func migration(t *testing.T, schema string) string {
 // constraints of a table that CreateTable makes, and the store, issued
 // keys included, passes the contract suite on it.
 func TestMigrationBeforeIssuedKeys(t *testing.T) {
-	pool := pgtest.Pool(t)
+	pool := testPool(t)
 	ctx := context.Background()
-	old, fresh := pgtest.Table(t, pool), pgtest.Table(t, pool)
+	old, fresh := testTable(t, pool), testTable(t, pool)
 	oldID := pgx.Identifier{old}.Sanitize()
 	if _, err := pool.Exec(ctx, strings.ReplaceAll(beforeIssuedKeys, "{table}", oldID)); err != nil {
 		t.Fatal(err)
@@ -493,7 +494,7 @@ func TestReplayWritesNothing(t *testing.T) {
 // TestCleanup: expired rows go, in batches, live ones stay, and a row
 // another transaction has locked is skipped without waiting.
 func TestCleanup(t *testing.T) {
-	pool := pgtest.Pool(t)
+	pool := testPool(t)
 	clock, advance := frozenClock(t, pool)
 	d := openOn(t, pool, pgstore.WithClock(clock), pgstore.WithCleanupBatch(3))
 	s, ctx := d.store, context.Background()
@@ -537,9 +538,9 @@ func TestCleanup(t *testing.T) {
 }
 
 // TestJanitor: the janitor goroutine deletes expired rows on its own, and
-// Close stops it (goleak, in TestMain, checks that it is gone).
+// Close stops it (leakcheck, in TestMain, checks that it is gone).
 func TestJanitor(t *testing.T) {
-	pool := pgtest.Pool(t)
+	pool := testPool(t)
 	clock, advance := frozenClock(t, pool)
 	d := openOn(t, pool, pgstore.WithClock(clock), pgstore.WithCleanupInterval(5*time.Millisecond))
 	ctx := context.Background()
@@ -579,7 +580,7 @@ func TestErrorsWrap(t *testing.T) {
 // R; A's Complete with the very same R is not B's resend: ErrNotOwner, and
 // nothing changes. B's resend is one: nil.
 func TestCompleteOtherOwnerSameRecord(t *testing.T) {
-	pool := pgtest.Pool(t)
+	pool := testPool(t)
 	clock, advance := frozenClock(t, pool)
 	d := openOn(t, pool, pgstore.WithClock(clock))
 	s, ctx := d.store, context.Background()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -19,7 +20,7 @@ import (
 )
 
 // Main stops the shared redis-server and checks for leaked goroutines.
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) { leakcheck.Main(redistest.Wrap(m)) }
 
 // backend is a Redis to run a test on: miniredis, or a real server.
 type backend struct {
@@ -176,7 +177,7 @@ var everyOutcome = []op{
 func TestOneRoundTripEach(t *testing.T) {
 	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := t.Context()
-		var c redistest.CommandCounter
+		var c commandCounter
 		rdb.AddHook(&c)
 		if err := rdb.Ping(ctx).Err(); err != nil { // sets up the connection
 			t.Fatal(err)

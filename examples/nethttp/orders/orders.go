@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 )

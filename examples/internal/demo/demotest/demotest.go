@@ -1,0 +1,109 @@
+// Package demotest checks an example application with the scripted client
+// of package demo, on the memory store and on Redis (miniredis), so that
+// the README's demo command keeps telling the truth, however often it runs.
+package demotest
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem/examples/internal/demo"
+	"github.com/idemkit/idem/storage"
+)
+
+// Run serves the application built by newServer and runs demo.Client
+// against it; any answer other than the promised one fails t. On the
+// memory store the client runs twice against one server, as a second
+// Client call in one process does; on Redis two servers, one after the
+// other, each run it once against the same Redis, as two runs of
+// `go run ./examples/... -demo -redis host:port` do.
+func Run(t *testing.T, newServer demo.NewServer) {
+	t.Run("memory", func(t *testing.T) {
+		store, closeStore := demo.OpenStore("")
+		t.Cleanup(closeStore)
+		s := Serve(t, newServer, store)
+		for run := range 2 {
+			s.Check(t, run)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		for process := range 2 {
+			store, closeStore := demo.OpenStore(mr.Addr())
+			s := Serve(t, newServer, store)
+			s.Check(t, 0)
+			s.Close()
+			closeStore()
+			if n, want := len(mr.Keys()), 2*(process+1); n != want {
+				t.Errorf("Redis holds %d keys after %d runs, want %d (two keys per run): %v", n, process+1, want, mr.Keys())
+			}
+		}
+	})
+}
+
+// Server is an example application served on a loopback port.
+type Server struct {
+	*httptest.Server
+	log *Buffer // the middleware's decisions
+}
+
+// Serve builds the application with newServer on store and serves it until
+// the test ends (or Close).
+func Serve(t *testing.T, newServer demo.NewServer, store storage.Store) *Server {
+	t.Helper()
+	log := new(Buffer)
+	h, _, err := newServer(store, demo.NewEnv(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Server: httptest.NewServer(h), log: log}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Check runs demo.Client against s, checks its transcript and returns it.
+// run counts the earlier runs against this server: each ran the handler
+// twice, so the first order of this run is the handler's run 2*run+1 and
+// the double click its run 2*run+2.
+func (s *Server) Check(t *testing.T, run int) string {
+	t.Helper()
+	var out strings.Builder
+	if err := demo.Client(&out, s.URL); err != nil {
+		t.Errorf("run %d: %v\ntranscript:%s\nlog:\n%s", run, err, out.String(), s.log.String())
+		return out.String()
+	}
+	got := out.String()
+	first, click := fmt.Sprintf(`"handler_runs":%d,`, 2*run+1), fmt.Sprintf(`"handler_runs":%d,`, 2*run+2)
+	// handler_runs shows the handler ran once per key.
+	if n := strings.Count(got, first); n != 2 {
+		t.Errorf("run %d: the first order's response (%s) appears %d times, want 2 (original and replay):%s", run, first, n, got)
+	}
+	if n := strings.Count(got, `"handler_runs":`); n != 3 || !strings.Contains(got, click) {
+		t.Errorf("run %d: want the double click to run the handler exactly once more (%s), and 3 answers with handler_runs:%s", run, click, got)
+	}
+	return got
+}
+
+// Buffer is an output (a server's log, a program's transcript) that one
+// goroutine writes while the test may read it.
+type Buffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

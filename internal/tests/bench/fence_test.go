@@ -1,0 +1,192 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/idemkit/idem/internal/tests/pgxtest"
+	"github.com/jackc/pgx/v5"
+)
+
+// orders is the application's side of the fence cases: a table of orders
+// on the PostgreSQL store's database, and the handler's own transaction
+// that inserts one, as storage/pgstore's documentation shows it.
+type orders struct {
+	st     store
+	insert string
+	// observe, when not nil, gets the statements and round trips of each
+	// transaction that committed, from its begin to its commit.
+	observe func(statements, roundTrips int64)
+}
+
+// newOrders creates the orders table, one of the test's own, on st's
+// database.
+func newOrders(tb testing.TB, st store) *orders {
+	tb.Helper()
+	table := pgx.Identifier{pgxtest.Table(tb, st.pool)}.Sanitize()
+	_, err := st.pool.Exec(context.Background(), "CREATE TABLE "+table+
+		" (id bigserial PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL, created timestamptz NOT NULL DEFAULT now())")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &orders{st: st, insert: "INSERT INTO " + table + " (customer, total_cents) VALUES ($1, $2)"}
+}
+
+// tx returns the handler's transaction: begin, insert an order, then
+// Store.Fence if fence, and commit.
+func (o *orders) tx(fence bool) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		c := o.st.pgCounter
+		var st0, rt0 int64
+		if o.observe != nil {
+			st0, rt0 = c.Statements(), c.RoundTrips()
+		}
+		err := pgx.BeginFunc(ctx, o.st.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, o.insert, "c_8d2f", 12990); err != nil {
+				return err
+			}
+			if fence {
+				return o.st.pg.Fence(ctx, tx)
+			}
+			return nil
+		})
+		if err == nil && o.observe != nil {
+			o.observe(c.Statements()-st0, c.RoundTrips()-rt0)
+		}
+		return err
+	}
+}
+
+// newFenceSetups returns two setups of a on one PostgreSQL store and one
+// orders table, whose handlers run the orders transaction before they
+// answer: without the fence in plain, with it in fenced. Their bare stacks
+// are the handler without the middleware.
+func newFenceSetups(tb testing.TB, a adapter) (plain, fenced *setup, o *orders) {
+	tb.Helper()
+	st := storeKindNamed("postgres").open(tb, false)
+	o = newOrders(tb, st)
+	return newSetupOn(tb, a, st, handler{tx: o.tx(false)}), newSetupOn(tb, a, st, handler{tx: o.tx(true)}), o
+}
+
+// TestFence holds what Store.Fence adds to a handler's own transaction, on
+// every adapter (each must hand the handler a context that carries the
+// request's idem.Info, or Fence does nothing): exactly one statement and
+// one round trip inside the transaction (begin, insert, fence, commit
+// against begin, insert, commit), the middleware's two round trips around
+// it unchanged, and at most pgFenceAllocs allocations.
+func TestFence(t *testing.T) {
+	for _, a := range adapters {
+		t.Run(a.name, func(t *testing.T) {
+			plain, fenced, o := newFenceSetups(t, a)
+			var inTx struct{ statements, roundTrips, n int64 }
+			o.observe = func(statements, roundTrips int64) {
+				inTx.statements += statements
+				inTx.roundTrips += roundTrips
+				inTx.n++
+			}
+			counter := plain.store.pgCounter
+			for _, c := range []struct {
+				name string
+				s    *setup
+				want int64 // statements and round trips in the transaction
+			}{
+				{"without the fence", plain, 3},
+				{"with the fence", fenced, 4},
+			} {
+				send, ok := first(t, c.s)
+				// Warms the connection: pgx prepares each statement on its
+				// first use (one round trip more).
+				if send(); !ok() {
+					t.Fatalf("%s: unexpected answer", c.name)
+				}
+				const n = 20
+				inTx.statements, inTx.roundTrips, inTx.n = 0, 0, 0
+				counter.Reset()
+				for range n {
+					if send(); !ok() {
+						t.Fatalf("%s: unexpected answer", c.name)
+					}
+				}
+				if inTx.n != n || inTx.statements != c.want*n || inTx.roundTrips != c.want*n {
+					t.Errorf("%s: %d statements and %d round trips in %d transactions, want %d of each per transaction",
+						c.name, inTx.statements, inTx.roundTrips, inTx.n, c.want)
+				}
+				// Around the transaction: Acquire and Complete.
+				want := (c.want + roundTrips["first"]) * n
+				if got := counter.Statements(); got != want {
+					t.Errorf("%s: %d statements for %d requests, want %d each", c.name, got, n, want/n)
+				}
+				if got := counter.RoundTrips(); got != want {
+					t.Errorf("%s: %d round trips for %d requests, want %d each", c.name, got, n, want/n)
+				}
+			}
+			o.observe = nil
+			if raceEnabled {
+				return // allocations are not measured under the race detector
+			}
+			// Both figures carry a few hundredths of an allocation per
+			// request that come and go (pgx, the runtime), which the
+			// truncating testing.AllocsPerRun would turn into one more or
+			// less in their difference: the means are compared, rounded.
+			over := math.Round(mallocsPerRequest(t, fenced, "first", 100) - mallocsPerRequest(t, plain, "first", 100))
+			t.Logf("the fence: %v allocations (budget %v)", over, pgFenceAllocs)
+			check(t, "allocs/postgres/fence", over, pgFenceAllocs, "%s: the fence costs %v allocations, budget %v", a.name, over, pgFenceAllocs)
+		})
+	}
+}
+
+// BenchmarkFence measures Store.Fence in a handler's own transaction on
+// the PostgreSQL store, on every adapter:
+//
+//	BenchmarkFence/<adapter>/<case>
+//
+// bare is the handler alone: begin, insert an order, commit. first is the
+// same handler behind the middleware, a new key for each request. fenced
+// is first with Store.Fence before the commit; besides its cost over bare
+// it reports its cost over first (ns-fence/op, allocs-fence/op,
+// B-fence/op): what the fence costs. Keep all three in any -bench filter.
+// With -count, each run is compared with the last run of the case before
+// it, so ns-fence/op carries the noise of both: the difference of the
+// medians of fenced and first says more.
+// Skipped without PostgreSQL, like the postgres store of
+// BenchmarkMiddleware.
+func BenchmarkFence(b *testing.B) {
+	for _, a := range adapters {
+		b.Run(a.name, func(b *testing.B) {
+			plain, fenced, _ := newFenceSetups(b, a)
+			var bare, unfenced *cost
+			for _, fc := range []struct {
+				name string
+				bc   benchCase
+				s    *setup
+			}{
+				{"bare", caseNamed("bare"), plain},
+				{"first", caseNamed("first"), plain},
+				{"fenced", caseNamed("first"), fenced},
+			} {
+				b.Run(fc.name, func(b *testing.B) {
+					c := measure(b, fc.bc, fc.s)
+					switch fc.name {
+					case "bare":
+						bare = &c
+						return
+					case "first":
+						unfenced = &c
+					case "fenced":
+						if unfenced != nil {
+							b.ReportMetric(c.ns-unfenced.ns, "ns-fence/op")
+							b.ReportMetric(c.allocs-unfenced.allocs, "allocs-fence/op")
+							b.ReportMetric(c.bytes-unfenced.bytes, "B-fence/op")
+						}
+					}
+					if bare != nil {
+						b.ReportMetric(c.ns-bare.ns, "ns-over-bare/op")
+						b.ReportMetric(c.allocs-bare.allocs, "allocs-over-bare/op")
+						b.ReportMetric(c.bytes-bare.bytes, "B-over-bare/op")
+					}
+				})
+			}
+		})
+	}
+}

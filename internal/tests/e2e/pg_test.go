@@ -1,0 +1,573 @@
+//go:build unix
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/tests/pgxtest"
+	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgEnv is the database of the PostgreSQL tests' servers (idemserver -pg):
+// pgstore's table and the orders table, both of the test's own, created
+// before the servers start and dropped when the test ends.
+type pgEnv struct {
+	pool          *pgxpool.Pool // the test's own
+	dsn           string
+	table, orders string // as names
+	idemT, ordT   string // sanitized
+}
+
+// newPG creates the tables on the server of dsn.
+func newPG(t testing.TB, dsn string) *pgEnv {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // after the tables are dropped
+	e := &pgEnv{pool: pool, dsn: dsn, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
+	e.idemT, e.ordT = pgx.Identifier{e.table}.Sanitize(), pgx.Identifier{e.orders}.Sanitize()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := pgstore.New(pool, pgstore.WithTable(e.table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.CreateTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// No unique constraint on the key: nothing but idem keeps a key from
+	// committing twice.
+	orders := fmt.Sprintf(`CREATE TABLE %s (id bigserial PRIMARY KEY, key text NOT NULL, exec text NOT NULL,
+		pid int NOT NULL, seq bigint NOT NULL, rid text NOT NULL, owner text NOT NULL, at_ns bigint NOT NULL);
+	CREATE INDEX ON %[1]s (key)`, e.ordT)
+	if _, err := pool.Exec(ctx, orders); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// flags are the idemserver flags of the database.
+func (e *pgEnv) flags(more ...string) []string {
+	return append([]string{"-pg", e.dsn, "-pg-table", e.table, "-orders-table", e.orders}, more...)
+}
+
+// executions returns the order rows of keys, as executions: each row is
+// a business change that committed.
+func (e *pgEnv) executions(t testing.TB, ctx context.Context, keys []string) map[string][]execution {
+	t.Helper()
+	rows, err := e.pool.Query(ctx, "SELECT key, exec, pid, seq, rid, owner, at_ns FROM "+e.ordT+" WHERE key = ANY($1)", keys)
+	if err != nil {
+		t.Fatalf("reading the orders: %v", err)
+	}
+	out := make(map[string][]execution, len(keys))
+	for rows.Next() {
+		var key, id string
+		var seq, ns int64
+		var ex execution
+		if err := rows.Scan(&key, &id, &ex.pid, &seq, &ex.rid, &ex.owner, &ns); err != nil {
+			t.Fatal(err)
+		}
+		ex.seq, ex.at = strconv.FormatInt(seq, 10), time.Unix(0, ns)
+		if ex.id() != id {
+			t.Fatalf("order of %s: exec %q, pid %d, seq %d", key, id, ex.pid, seq)
+		}
+		out[key] = append(out[key], ex)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("reading the orders: %v", err)
+	}
+	for _, ex := range out {
+		sortExecutions(ex)
+	}
+	return out
+}
+
+// states counts pgstore's entries by state.
+func (e *pgEnv) states(t testing.TB, ctx context.Context) map[string]int {
+	t.Helper()
+	rows, err := e.pool.Query(ctx, "SELECT state, count(*) FROM "+e.idemT+" GROUP BY state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for rows.Next() {
+		var state string
+		var n int
+		if err := rows.Scan(&state, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[state] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// leasesLeft returns the number of entries in flight whose lease has not
+// expired by the database's clock.
+func (e *pgEnv) leasesLeft(t testing.TB, ctx context.Context) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.idemT+" WHERE state = 'processing' AND expires > now()").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestPGExactlyOnceAcrossProcesses: three processes share one PostgreSQL;
+// every key is sent as concurrent duplicates spread across them. Each
+// key's order is committed exactly once (one business row), and every
+// other duplicate gets that execution's response back byte for byte.
+func TestPGExactlyOnceAcrossProcesses(t *testing.T) {
+	const lease = 5 * time.Second
+	env := newPG(t, pgtest.DSN(t))
+	keys := envInt(t, "IDEM_E2E_KEYS", 2000)
+	dups := envInt(t, "IDEM_E2E_DUPS", 5)
+	workers := envInt(t, "IDEM_E2E_WORKERS", 64)
+	ctx := deadline(t, 2*time.Minute+time.Duration(keys*dups)*4*time.Millisecond)
+
+	srvs := startServers(t, 3, env.flags("-lease", lease.String(), "-delay", "2ms")...)
+	l := newLoad(newClient(t), srvs, loadConfig{prefix: "pg-once-", dups: dups, workers: workers,
+		backoff: 50 * time.Millisecond, maxAttempts: 1000})
+	begin := time.Now()
+	l.start(t, ctx, keys)
+	l.wait(t, ctx)
+	elapsed := time.Since(begin)
+
+	replies := l.snapshot()
+	execs := env.executions(t, ctx, l.keys)
+	if int(l.started.Load()) != keys {
+		t.Fatalf("%d keys sent, want %d", l.started.Load(), keys)
+	}
+	checkAnswers(t, replies, lease)
+	once, executed := checkOnce(t, l, execs)
+	once.report("exactly once")
+	if st := env.states(t, ctx); st["done"] != keys || len(st) != 1 {
+		t.Errorf("entries by state %v, want %d done", st, keys)
+	}
+	figure(t, "%d keys x %d duplicates over 3 processes on one PostgreSQL, %d in flight: %d requests, %d answered 409 and retried, "+
+		"%d orders committed, %d replays, in %v (%.0f requests/s)",
+		keys, dups, workers, len(replies), l.n409.Load(), executed, keys*dups-int(l.nExecuted.Load()),
+		ms(elapsed), float64(len(replies))/elapsed.Seconds())
+}
+
+// TestPGKilledAfterCommit: a process is killed (SIGKILL) after its
+// handlers committed their orders, with the fence, and before their
+// responses were stored. Retries on the other processes never create a
+// second order: while the dead process's leases run, they get the 409 of
+// a request in flight, with Retry-After (the process could still store
+// its responses); once they have run out, one process answers the
+// documented 409 ErrNotReplayable, the other (idem.WithRebuild) the
+// response rebuilt from the order row.
+func TestPGKilledAfterCommit(t *testing.T) {
+	const (
+		lease = 1500 * time.Millisecond
+		keys  = 200
+	)
+	env := newPG(t, pgtest.DSN(t))
+	ctx := deadline(t, 2*time.Minute)
+	base := slices.Clip(env.flags("-lease", lease.String()))
+	srvs := startEach(t, append(base, "-gate-at", "after-commit"), base, append(base, "-rebuild"))
+	victim, plain, rebuilt := srvs[0], 1, 2
+	c := newClient(t)
+	names := keyNames("pg-kill-", keys)
+
+	victim.control(t, "POST", "/gate/close")
+	held := make(chan *reply, keys)
+	for _, key := range names {
+		go func() { held <- c.post(ctx, srvs, 0, key, key+"/held", false) }()
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for n := 0; n != keys; n = victim.held(t) {
+		select {
+		case r := <-held:
+			t.Fatalf("a request to the process at the gate was answered: %v\n%s", r, victim.output())
+		case <-waitCtx.Done():
+			t.Fatalf("%d handlers at the gate, want %d: %v\n%s", n, keys, waitCtx.Err(), victim.output())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// Each order is committed, with the fence, and no response is stored.
+	before := env.executions(t, ctx, names)
+	states := env.states(t, ctx)
+	victim.kill()
+	killed := time.Now()
+	// The leases ran from the last renewal: the first runs out this long
+	// after the kill, by the database's clock.
+	var minLeft float64
+	if err := env.pool.QueryRow(ctx, "SELECT coalesce(extract(epoch FROM min(coalesce(held_until, expires)) - clock_timestamp()), 0)::float8 FROM "+
+		env.idemT+" WHERE state <> 'done'").Scan(&minLeft); err != nil {
+		t.Fatal(err)
+	}
+	leaseLeft := time.Duration(minLeft*float64(time.Second)) + time.Since(killed)
+	for range keys {
+		if r := <-held; r.err == nil {
+			t.Errorf("held request answered before the kill: %v", r)
+		}
+	}
+	for _, key := range names {
+		if len(before[key]) != 1 {
+			t.Fatalf("%s: %d orders before the kill, want 1", key, len(before[key]))
+		}
+	}
+	t.Logf("entries at the kill: %v", states)
+
+	// A round of retries on both other processes before the leases run
+	// out, and two after.
+	bad := failures{t: t}
+	var nInFlight, n409, nRebuilt int
+	for _, key := range names {
+		for srv := 1; srv <= 2; srv++ {
+			r := c.post(ctx, srvs, srv, key, fmt.Sprintf("%s/early/%d", key, srv), false)
+			if r.err == nil && r.status == http.StatusConflict && !r.notReplayable() && checkRetryAfter(r, lease) == nil {
+				nInFlight++
+			} else if r.recv.Sub(killed) < leaseLeft-50*time.Millisecond {
+				bad.add("%s: retry within the lease: %v, want 409 in flight with Retry-After", key, r)
+			}
+		}
+	}
+	early := time.Since(killed)
+	if nInFlight == 0 {
+		t.Errorf("no retry within the lease (the round took %v): the test did not see the entries in flight", ms(early))
+	}
+	waitFor(t, ctx, "the killed process's leases to run out by the database's clock", func() bool {
+		var n int
+		err := env.pool.QueryRow(ctx, "SELECT count(*) FROM "+env.idemT+
+			" WHERE held_until > clock_timestamp() OR state = 'processing' AND expires > clock_timestamp()").Scan(&n)
+		return err == nil && n == 0
+	})
+	rebuilds := map[string]*reply{}
+	round := func(name string) {
+		for _, key := range names {
+			order := before[key][0]
+			if r := c.post(ctx, srvs, plain, key, key+"/"+name+"/plain", false); !r.notReplayable() || r.retryAfter != "" {
+				bad.add("%s: %s retry without WithRebuild: %v, want 409 ErrNotReplayable without Retry-After", key, name, r)
+			} else {
+				n409++
+			}
+			r := c.post(ctx, srvs, rebuilt, key, key+"/"+name+"/rebuilt", false)
+			switch prev := rebuilds[key]; {
+			case r.err != nil || r.status != http.StatusCreated || !r.replayed || r.exec != order.id():
+				bad.add("%s: %s retry with WithRebuild: %v, want 201 replayed from the order of %v", key, name, r, order)
+			case prev != nil && !r.sameResponse(prev):
+				bad.add("%s: %s retry with WithRebuild: %v, differs from the first rebuilt answer %v", key, name, r, prev)
+			default:
+				rebuilds[key] = r
+				nRebuilt++
+			}
+		}
+	}
+	late := time.Since(killed)
+	round("late")
+	round("again")
+	bad.report("retries after the kill")
+
+	after := env.executions(t, ctx, names)
+	twice := failures{t: t}
+	for _, key := range names {
+		if len(after[key]) != 1 {
+			twice.add("%s: %d orders, want 1: %v", key, len(after[key]), after[key])
+		}
+	}
+	twice.report("orders after the retries")
+	figure(t, "lease %v, %d keys whose orders committed with the fence on the killed process before their responses were stored: "+
+		"leases left at the kill at least %v; retries within %v of the kill: %d answered 409 in flight with Retry-After; from %v after the kill, when the leases had run out, "+
+		"2 rounds: %d answered 409 ErrNotReplayable, %d rebuilt from the order (201 replayed); %d orders for %d keys",
+		lease, keys, ms(leaseLeft), ms(early), nInFlight, ms(late), n409, nRebuilt, countRows(after), keys)
+}
+
+// TestPGStaleCommitRefused: a process is stopped (SIGSTOP) in its
+// handlers' transactions, after their orders were inserted and before the
+// fence, for longer than the lease; the other processes take the keys and
+// commit their orders. When the stopped process goes on, every fence finds
+// its lease lost and the late transaction rolls back: one order per key,
+// the one whose response the retries get.
+func TestPGStaleCommitRefused(t *testing.T) {
+	const (
+		lease = 1500 * time.Millisecond
+		keys  = 50
+	)
+	env := newPG(t, pgtest.DSN(t))
+	ctx := deadline(t, 2*time.Minute)
+	base := slices.Clip(env.flags("-lease", lease.String()))
+	// The stopped process's handlers each hold a connection in their
+	// transactions.
+	srvs := startEach(t, append(base, "-pg-conns", strconv.Itoa(keys+8)), base, base)
+	victim := srvs[0]
+	c := newClient(t)
+	names := keyNames("pg-stale-", keys)
+
+	victim.control(t, "POST", "/gate/close")
+	held := make(chan *reply, keys)
+	for _, key := range names {
+		go func() { held <- c.post(ctx, srvs, 0, key, key+"/stale", false) }()
+	}
+	waitFor(t, ctx, fmt.Sprintf("%d handlers to wait at the gate, in their transactions", keys), func() bool {
+		return victim.held(t) == keys
+	})
+	victim.signal(t, syscall.SIGSTOP)
+	stopped := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			victim.signal(t, syscall.SIGCONT)
+		}
+	}()
+	waitFor(t, ctx, "the stopped process's leases to expire by the database's clock", func() bool {
+		return env.leasesLeft(t, ctx) == 0
+	})
+	expired := time.Since(stopped)
+
+	// The other processes take every key and commit its order.
+	took := make(map[string]*reply, keys)
+	for _, key := range names {
+		for attempt := 0; ; attempt++ {
+			r := c.post(ctx, srvs, 1+attempt%2, key, fmt.Sprintf("%s/take/%d", key, attempt), false)
+			if r.err != nil || r.status != http.StatusConflict {
+				took[key] = r
+				break
+			}
+			if !sleep(ctx, 20*time.Millisecond) {
+				t.Fatalf("%s: still 409 after the lease: %v", key, r)
+			}
+		}
+	}
+	victim.signal(t, syscall.SIGCONT)
+	resumed = true
+	victim.control(t, "POST", "/gate/open")
+	late := make(map[string]*reply, keys)
+	for range keys {
+		r := <-held
+		late[r.key] = r
+	}
+	resumedFor := time.Since(stopped)
+
+	execs := env.executions(t, ctx, names)
+	bad := failures{t: t}
+	var refused int
+	for _, key := range names {
+		tk, lt, ex := took[key], late[key], execs[key]
+		switch {
+		case tk.err != nil || tk.status != http.StatusCreated || tk.replayed:
+			bad.add("%s: taken over: %v, want 201 executed", key, tk)
+		case len(ex) != 1:
+			bad.add("%s: %d orders, want 1: %v", key, len(ex), ex)
+		case ex[0].id() != tk.exec:
+			bad.add("%s: the order %v is not the one of the execution that took the key over, %v", key, ex[0], tk)
+		}
+		if lt.err == nil && lt.status == http.StatusConflict && lt.exec != "" && lt.exec != tk.exec {
+			refused++ // the stale handler's own 409: its fence found the lease lost
+		} else {
+			bad.add("%s: the stopped process's execution answered %v, want its 409 (lease lost)", key, lt)
+		}
+		// A retry now replays the execution that committed.
+		if r := c.post(ctx, srvs, 0, key, key+"/after", false); !r.replayed || !r.sameResponse(tk) {
+			bad.add("%s: retry after the stale execution: %v, want a replay of %v", key, r, tk)
+		}
+	}
+	bad.report("stale commits")
+	figure(t, "lease %v, %d keys whose handlers were stopped (SIGSTOP) in their transactions before the fence: leases expired "+
+		"%v after the stop, other processes committed every key, the stopped process resumed %v after the stop; "+
+		"%d late fences refused, %d orders for %d keys",
+		lease, keys, ms(expired), ms(resumedFor), refused, countRows(execs), keys)
+}
+
+// countRows returns the number of orders.
+func countRows(execs map[string][]execution) int {
+	n := 0
+	for _, ex := range execs {
+		n += len(ex)
+	}
+	return n
+}
+
+// signal sends sig to the process.
+func (s *server) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(s.pid, sig); err != nil {
+		t.Fatalf("%v to idemserver %d: %v", sig, s.pid, err)
+	}
+}
+
+// TestPGRestartFailsClosed: under load on three processes, their
+// PostgreSQL crashes (an immediate shutdown: every connection breaks) and
+// is restarted on the same port after at least 1.5 s and 100 answers.
+// While it is down, every request gets 503 with Retry-After and no order
+// is committed; the processes recover without a restart; no key gets a
+// second order; every duplicate ends with its execution's response,
+// replayed byte for byte (or, for an execution whose COMMIT was made
+// durable as the server died but never acknowledged, the response
+// rebuilt from its order); and every key asked again after the restart is
+// replayed. The outage is shorter than two thirds of the lease, the least
+// a lease has left between two renewals, so an execution that finished
+// while the database was down gets its record stored by the middleware's
+// retries once it is back.
+func TestPGRestartFailsClosed(t *testing.T) {
+	const (
+		lease      = 6 * time.Second
+		minOutage  = 1500 * time.Millisecond
+		minAnswers = 100 // to see during the outage before it ends
+		progress   = 200 // keys done before and after it
+	)
+	// IDEM_E2E_PG_SETTINGS tests the test: "synchronous_commit=off"
+	// acknowledges commits that the crash may then lose.
+	settings := strings.Fields(os.Getenv("IDEM_E2E_PG_SETTINGS"))
+	if len(settings) > 0 {
+		t.Logf("IDEM_E2E_PG_SETTINGS: %v", settings)
+	}
+	db := pgtest.StartProc(t, settings...)
+	env := newPG(t, db.DSN())
+	ctx := deadline(t, 3*time.Minute)
+	srvs := startServers(t, 3, env.flags("-lease", lease.String(), "-delay", "2ms", "-rebuild")...)
+	c := newClient(t)
+	l := newLoad(c, srvs, loadConfig{prefix: "pg-outage-", dups: 5, workers: 48,
+		backoff: 100 * time.Millisecond, maxAttempts: 2000})
+	l.start(t, ctx, 1_000_000)
+	begin := time.Now()
+	advance := func(what string) {
+		t.Helper()
+		mark := l.finished.Load()
+		waitFor(t, ctx, fmt.Sprintf("%d keys done %s", progress, what), func() bool { return l.finished.Load() >= mark+progress })
+	}
+
+	advance("before the crash")
+	down := outage{name: "down"}
+	// A request in flight from here on may have its COMMIT made durable
+	// by the crash without its answer; down.start, once Crash has
+	// returned, is when the database is surely gone. (With only
+	// down.start, a request answered 503 while Crash was still returning
+	// was taken for a refusal whose order committed: seen once in CI.)
+	crashed := time.Now()
+	db.Crash()
+	down.start = time.Now()
+	mark := l.answered.Load()
+	waitFor(t, ctx, "answers while PostgreSQL is down", func() bool {
+		return l.answered.Load() >= mark+minAnswers && time.Since(down.start) >= minOutage
+	})
+	down.end = time.Now()
+	db.Restart()
+	down.back = time.Now()
+	advance("after the restart")
+	l.stopFeeding()
+	l.wait(t, ctx)
+	elapsed := time.Since(begin)
+
+	replies := l.snapshot()
+	execs := env.executions(t, ctx, l.keys)
+	rids := map[string]bool{} // of requests whose order committed
+	for _, ex := range execs {
+		for _, e := range ex {
+			rids[e.rid] = true
+		}
+	}
+
+	// Every answer is 201, or a 409 or 503 with Retry-After. A refusal
+	// committed nothing, but for a request under way at the crash whose
+	// COMMIT became durable without its answer: its handler saw an error
+	// and answered 503.
+	bad := failures{t: t}
+	var ambiguous []string
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			bad.add("%v", r)
+		case r.status == http.StatusCreated:
+		case r.status == http.StatusConflict || r.status == http.StatusServiceUnavailable:
+			if err := checkRetryAfter(r, lease); err != nil {
+				bad.add("%v", err)
+			}
+			switch {
+			case !rids[r.rid]:
+			case r.status == http.StatusServiceUnavailable && r.sent.Before(down.start) && !r.recv.Before(crashed):
+				ambiguous = append(ambiguous, r.key)
+			default:
+				bad.add("refused, but its order committed: %v", r)
+			}
+		default:
+			bad.add("unexpected answer %v", r)
+		}
+	}
+	bad.report("answers")
+
+	// Fail closed: what was sent and answered while the database was down
+	// is a 503, never an order.
+	oc := down.check(t, replies, "PostgreSQL was down")
+
+	// One order per key; every duplicate's final answer is the response
+	// of that order's execution: its own answer, or a replay of it byte
+	// for byte.
+	once := failures{t: t}
+	answer := map[string]*reply{} // per key, the answer that made or replayed its order's response
+	var executed int
+	for _, key := range l.keys {
+		ex := execs[key]
+		executed += len(ex)
+		if len(ex) != 1 {
+			once.add("%s: %d orders, want 1: %v", key, len(ex), ex)
+			continue
+		}
+		finals := l.finals[key]
+		if len(finals) != l.cfg.dups {
+			once.add("%s: %d final answers, want %d", key, len(finals), l.cfg.dups)
+			continue
+		}
+		var orig *reply // the executed answer, when one reached its client
+		for _, r := range finals {
+			switch {
+			case r.status != http.StatusCreated:
+				once.add("%s: final answer %v", key, r)
+			case r.exec != ex[0].id():
+				once.add("%s: answer %v is not from the order's execution %v", key, r, ex[0])
+			case r.replayed:
+			case r.rid != ex[0].rid || orig != nil:
+				once.add("%s: answer %v executed, but the order is of %v", key, r, ex[0])
+			default:
+				orig = r
+			}
+		}
+		ref := orig
+		if ref == nil {
+			ref = finals[0] // rebuilt: the execution's answer never reached its client
+		}
+		for _, r := range finals {
+			if !r.sameResponse(ref) {
+				once.add("%s: answer %v differs from %v", key, r, ref)
+			}
+		}
+		answer[key] = ref
+	}
+	once.report("orders")
+
+	// The records survived the restart: every key, asked once more,
+	// replays its answer and commits nothing.
+	checkAskedAgain(t, ctx, c, srvs, l.keys, answer, execs, func() map[string][]execution { return env.executions(t, ctx, l.keys) })
+	states := env.states(t, ctx)
+	if states["processing"] != 0 || states["done"]+states["committed"] != len(l.keys) || states["committed"] > len(ambiguous) {
+		t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
+	}
+
+	figure(t, "lease %v, 3 processes, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, %d answered 503; "+
+		"PostgreSQL down (immediate shutdown, restart) for %v: %d requests sent and answered meanwhile, %d of them 503 with Retry-After; "+
+		"after the restart: first success %v, last 503 %v; %d orders, one per key (%d committed as the server died, answered 503, "+
+		"then rebuilt); %d keys asked again: all replayed",
+		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
+		ms(down.end.Sub(down.start)), oc.n, oc.refused, ms(oc.firstOK), ms(oc.last503), executed, len(ambiguous), len(l.keys))
+}
