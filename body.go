@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/idemkit/idem/response"
 )
@@ -66,8 +67,8 @@ func bodyCap(n int, limit int64) int {
 
 // handlerRequest returns the request the handler sees: r with the
 // buffered body and the Info in its context, both held in st.
-func handlerRequest(r *http.Request, body []byte, st *handlerState, info Info) *http.Request {
-	st.ctx = infoCtx{Context: r.Context(), info: info}
+func handlerRequest(r *http.Request, body []byte, st *handlerState, info Info, ttl time.Duration) *http.Request {
+	st.ctx.set(r.Context(), info, ttl)
 	r = r.WithContext(&st.ctx)
 	if body != nil {
 		st.body.Reset(body)

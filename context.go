@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/storage"
 )
 
 // Info is what the middleware tells the handler about the request it runs.
@@ -19,17 +21,28 @@ type Info struct {
 	// execution; false when WithFailOpen runs the handler unprotected
 	// because the store failed.
 	Protected bool
-	// StorageKey is the key of this request's entry in the store (a hash
-	// of the scope, method, route and client key; never the client's input
-	// as such), and TTL how long the entry is kept once done. A store
-	// whose completion can join the application's own transaction (such as
-	// a fence in the same database) needs both; both are empty when the
-	// request is not protected.
+	// StorageKey is the key of this request's entry in the store: a hash
+	// of the scope, method, route and client key (of the operation and key,
+	// for Do), never the client's input as such. It is the same for every
+	// retry and differs between principals, so it can index the
+	// application's own rows (find the order a first execution created,
+	// in WithRebuild's function, say). Empty when WithFailOpen runs the
+	// handler unprotected.
 	StorageKey string
-	TTL        time.Duration
 }
 
 type ctxKey struct{}
+
+// set makes c the context of an execution, under parent. A protected
+// execution's context carries the storage.Lease too, for a store's fence
+// (storage.LeaseFromContext), with ttl, the time its entry is kept once
+// done.
+func (c *infoCtx) set(parent context.Context, info Info, ttl time.Duration) {
+	if info.Protected {
+		parent = storage.ContextWithLease(parent, storage.Lease{Key: info.StorageKey, Owner: info.Owner, TTL: ttl})
+	}
+	*c = infoCtx{Context: parent, info: info}
+}
 
 // infoCtx carries Info without a separate allocation for the value, and
 // what MarkDone says.

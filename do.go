@@ -27,8 +27,8 @@ import (
 //
 // The call that takes the key runs fn under a lease, renewed while fn
 // runs, exactly as a request's handler: fn's ctx carries the [Info] for
-// FromContext (Key, Owner, Protected, StorageKey, TTL), so a fence such as
-// pgstore's works inside fn. Then:
+// FromContext (Key, Owner, Protected, StorageKey) and the storage.Lease,
+// so a fence such as pgstore's works inside fn. Then:
 //
 //   - fn returns a result and a nil error: Do stores a copy of the result
 //     and returns it as it is. A result larger than WithMaxResponseBody
@@ -94,8 +94,7 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 			e = newError(ErrCorruptRecord, "The stored result for this idempotency key cannot be read.", 0, err)
 			o = StoreError
 		case rec.NotReplayable:
-			e = newError(ErrNotReplayable, "The operation completed, but its result was not stored.", 0, nil)
-			o = Conflict
+			e, o = notReplayable(0), Conflict
 		default:
 			m.emit(Event{Outcome: Replayed, Route: op, Duration: time.Since(start), Context: ctx})
 			return bytes.Clone(rec.Body), nil
@@ -103,7 +102,7 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 	case FailedOpen:
 		m.emit(Event{Outcome: FailedOpen, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
 		st := new(handlerState)
-		st.ctx = infoCtx{Context: ctx, info: Info{Key: key}}
+		st.ctx.set(ctx, Info{Key: key}, 0)
 		return fn(&st.ctx)
 	}
 	m.emit(Event{Outcome: o, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
@@ -116,7 +115,7 @@ func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (r
 	m.work.add()
 	defer m.work.done()
 	st := new(handlerState)
-	st.ctx = infoCtx{Context: f.ctx, info: Info{Key: key, Owner: f.owner, Protected: true, StorageKey: f.skey, TTL: m.cfg.ttl}}
+	st.ctx.set(f.ctx, Info{Key: key, Owner: f.owner, Protected: true, StorageKey: f.skey}, m.cfg.ttl)
 	m.beats.start(&st.beat, f.ctx, f.skey, f.owner)
 	returned := false
 	defer func() {

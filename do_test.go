@@ -94,14 +94,19 @@ func TestDoOnce(t *testing.T) {
 func TestDoInfoAndKey(t *testing.T) {
 	m, _ := newDoMiddleware(t, idem.WithTTL(time.Hour))
 	var info idem.Info
+	var lease storage.Lease
 	if _, err := m.Do(context.Background(), "op", "k-1", func(ctx context.Context) ([]byte, error) {
 		info, _ = idem.FromContext(ctx)
+		lease, _ = storage.LeaseFromContext(ctx)
 		return nil, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if info.Key != "k-1" || !info.Protected || len(info.Owner) != 32 || len(info.StorageKey) != 22 || info.TTL != time.Hour {
+	if info.Key != "k-1" || !info.Protected || len(info.Owner) != 32 || len(info.StorageKey) != 22 {
 		t.Fatalf("info %+v", info)
+	}
+	if lease != (storage.Lease{Key: info.StorageKey, Owner: info.Owner, TTL: time.Hour}) {
+		t.Fatalf("storage lease %+v, want the Info's storage key and owner, and the TTL", lease)
 	}
 	for _, bad := range []string{"", strings.Repeat("k", 256), "caf\u00e9", "line\nbreak"} {
 		_, err := m.Do(context.Background(), "op", bad, func(context.Context) ([]byte, error) {

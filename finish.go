@@ -149,17 +149,12 @@ func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status
 		st.fin.stop()
 		retrying := retryable(err)
 		if retrying {
-			kept := b // after an error b is still ours; a pooled one goes back below
-			if buf != nil {
-				kept = bytes.Clone(b)
-			}
-			fc := *f // a copy, for the reason given in end
+			kept := bytes.Clone(b) // b's pooled buffer goes back below
+			fc := *f               // a copy, for the reason given in end
 			f.later(outcome, status, cause, err, len(kept), func(ctx context.Context) error { return fc.complete(ctx, kept) })
 		}
-		if buf != nil {
-			*buf = b
-			putBuf(buf)
-		}
+		*buf = b
+		putBuf(buf)
 		if retrying {
 			return
 		}
@@ -168,14 +163,9 @@ func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status
 	f.emit(f.ctx, outcome, status, err)
 }
 
-// encode encodes rec: for a store that keeps records, into a buffer of its
-// own that complete hands over; otherwise into a pooled buffer, returned as
-// buf for the caller to put back.
+// encode encodes rec into a pooled buffer, returned as buf for the caller
+// to put back (a store copies what it keeps of a record).
 func (f *finish) encode(rec *response.Record) (b []byte, buf *[]byte, err error) {
-	if f.m.keeper != nil {
-		b, err = rec.MarshalBinary()
-		return b, nil, err
-	}
 	buf = getBuf()
 	if b, err = rec.AppendBinary((*buf)[:0]); err != nil {
 		putBuf(buf)
@@ -184,14 +174,9 @@ func (f *finish) encode(rec *response.Record) (b []byte, buf *[]byte, err error)
 	return b, buf, nil
 }
 
-// complete stores record b, handing b over to a store that keeps records,
-// which the caller then never touches again.
+// complete stores record b.
 func (f *finish) complete(ctx context.Context, b []byte) error {
-	m := f.m
-	if m.keeper != nil {
-		return m.keeper.CompleteKeep(ctx, f.skey, f.owner, b, m.cfg.ttl)
-	}
-	return m.store.Complete(ctx, f.skey, f.owner, b, m.cfg.ttl)
+	return f.m.store.Complete(ctx, f.skey, f.owner, b, f.m.cfg.ttl)
 }
 
 // emit tells the observer how the execution ended.

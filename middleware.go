@@ -19,8 +19,6 @@ import (
 // concurrent use and may be shared by many routes and adapters.
 type Middleware struct {
 	store storage.Store
-	// keeper is store when it can keep the records it is given.
-	keeper storage.RecordKeeper
 	// issuer is store when the middleware accepts issued keys only
 	// (WithIssuedKeys).
 	issuer  storage.Issuer
@@ -44,7 +42,6 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOption)
 	}
 	m := &Middleware{store: store, cfg: defaultConfig(), pending: pending{max: laterMax, maxBytes: laterMaxBytes}}
-	m.keeper, _ = store.(storage.RecordKeeper)
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -225,7 +222,13 @@ func (x *exchange) run(next Next) {
 		x.replay(res.Record, skey)
 	case FailedOpen:
 		x.emit(FailedOpen, 0, e)
-		next(x.w, handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key}), nil)
+		next(x.w, handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key}, 0), nil)
+	case Conflict:
+		if e.Kind == ErrNotReplayable {
+			x.notReplayable(e, skey)
+			break
+		}
+		x.refuse(o, e)
 	default:
 		x.refuse(o, e)
 	}
@@ -268,8 +271,23 @@ func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string,
 		return res, Mismatch, newError(ErrMismatch, "This idempotency key was already used with a different request.", 0, nil)
 	case res.State == storage.InFlight:
 		return res, Conflict, newError(ErrConflict, "A request with this idempotency key is still being processed; retry later.", m.runs.retryAfter(route, res.LeaseLeft), nil)
+	case res.State == storage.Committed:
+		return res, Conflict, notReplayable(0)
 	}
 	return res, Replayed, nil
+}
+
+// notReplayable is the answer for a key whose execution completed without
+// a response to replay: a record stored as not replayable (status is the
+// one it had been sent with, or 0), or a committed entry whose response
+// was lost (storage.Committed). A request's retry gets WithRebuild's
+// answer instead, when it gives one.
+func notReplayable(status int) *Error {
+	detail := "The original request completed, but its response was not stored and cannot be replayed."
+	if status != 0 {
+		detail = fmt.Sprintf("The original request completed with status %d, but its response was not stored and cannot be replayed.", status)
+	}
+	return newError(ErrNotReplayable, detail, 0, nil)
 }
 
 // unlock releases, in the background, the lease an Acquire that failed
@@ -352,7 +370,7 @@ func (x *exchange) execute(next Next, skey, owner string) {
 	st := new(handlerState)
 	cw := capturePool.Get().(*response.Capture)
 	cw.Reset(x.w, m.cfg.maxResp, m.omit)
-	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey, TTL: m.cfg.ttl})
+	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey}, m.cfg.ttl)
 	m.beats.start(&st.beat, x.r.Context(), skey, owner)
 	returned := false
 	defer func() {
@@ -387,16 +405,20 @@ func (x *exchange) replay(data []byte, skey string) {
 	switch {
 	case status == 0 && errors.Is(err, response.ErrCorrupt):
 		x.refuse(StoreError, newError(ErrCorruptRecord, "The stored response for this idempotency key cannot be read.", 0, err))
-	case err == response.ErrNotReplayable && x.rebuild(skey):
 	case err == response.ErrNotReplayable:
-		detail := "The original request completed, but its response was not stored and cannot be replayed."
-		if status != 0 {
-			detail = fmt.Sprintf("The original request completed with status %d, but its response was not stored and cannot be replayed.", status)
-		}
-		x.refuse(Conflict, newError(ErrNotReplayable, detail, 0, nil))
+		x.notReplayable(notReplayable(status), skey)
 	default:
 		// err is the writer's, when the client went away mid-replay.
 		x.emit(Replayed, status, err)
+	}
+}
+
+// notReplayable answers a retry whose first execution completed without a
+// response to replay: with WithRebuild's answer, if it gives one, or else
+// with e, an ErrNotReplayable.
+func (x *exchange) notReplayable(e *Error, skey string) {
+	if !x.rebuild(skey) {
+		x.refuse(Conflict, e)
 	}
 }
 
@@ -410,7 +432,7 @@ func (x *exchange) rebuild(skey string) bool {
 	h := x.w.Header()
 	h.Set(response.ReplayedHeader, "true")
 	cw := response.NewCapture(x.w, 0, nil) // for the status only
-	r := handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key, StorageKey: skey, TTL: m.cfg.ttl})
+	r := handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key, StorageKey: skey}, 0)
 	if !m.cfg.rebuild(cw, r) {
 		h.Del(response.ReplayedHeader)
 		return false

@@ -313,9 +313,9 @@ func WithOmitHeaders(names ...string) Option {
 // data (for example the order that the first execution committed, found by
 // the idempotency key), writes it to w and returns true; or it writes
 // nothing and returns false, and the retry gets the 409. r carries the
-// buffered body and, for [FromContext], the Info of the key (Key,
-// StorageKey and TTL; Protected is false: no lease is held, and fn must not
-// change anything). The response carries Idempotent-Replayed: true, is not
+// buffered body and, for [FromContext], the Info of the key (Key and
+// StorageKey; Protected is false: no lease is held, and fn must not change
+// anything). The response carries Idempotent-Replayed: true, is not
 // stored (fn runs for each such retry), and the observer gets a Rebuilt
 // event. Default none; a nil function is invalid.
 func WithRebuild(fn func(w http.ResponseWriter, r *http.Request) bool) Option {

@@ -1,14 +1,19 @@
 package idem_test
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
 )
 
 // A retry of a request whose response was not kept gets what WithRebuild's
@@ -57,7 +62,7 @@ func TestRebuild(t *testing.T) {
 	if w.Code != 201 || w.Body.String() != `{"order":1}` || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("rebuilt retry: %d %q replayed %q", w.Code, w.Body, w.Header().Get("Idempotent-Replayed"))
 	}
-	if seen.Protected || seen.StorageKey == "" || seen.TTL != idem.DefaultTTL {
+	if seen.Protected || seen.StorageKey == "" {
 		t.Fatalf("the rebuild's Info %+v", seen)
 	}
 	w = serve(h, "lost", `{"item":"book"}`)
@@ -74,5 +79,84 @@ func TestRebuild(t *testing.T) {
 	want := []idem.Outcome{idem.NotReplayable, idem.NotReplayable, idem.Rebuilt, idem.Conflict}
 	if len(got) != len(want) || got[2] != want[2] || got[3] != want[3] || events[2].Status != 201 {
 		t.Fatalf("events %v (rebuilt status %d), want %v", got, events[2].Status, want)
+	}
+}
+
+// committedStore is a memory store with a committed entry, as pgstore has
+// one after a fenced transaction whose process died before its Complete:
+// every Acquire of a key it has marked answers Committed.
+type committedStore struct {
+	*memstore.Store
+	committed map[string]bool // storage keys
+	fp        string
+}
+
+func (s *committedStore) Acquire(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	if s.committed[key] {
+		return storage.Result{State: storage.Committed, Fingerprint: s.fp}, nil
+	}
+	return s.Store.Acquire(ctx, key, owner, fp, lease)
+}
+
+// A committed entry whose response was lost (storage.Committed) is
+// answered as a record that was not kept: a request's retry gets 409
+// ErrNotReplayable, or WithRebuild's answer when it gives one; a
+// request with another body gets 422; Do gets ErrNotReplayable; the
+// handler and fn never run.
+func TestCommittedEntry(t *testing.T) {
+	mem, _ := newMemStore(t)
+	store := &committedStore{Store: mem, committed: map[string]bool{}}
+	var rebuilt atomic.Int64
+	newHandler := func(opts ...idem.Option) (*idem.Middleware, http.Handler) {
+		m, err := idem.New(store, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			info, _ := idem.FromContext(r.Context())
+			// The first execution: its entry is committed, its response lost.
+			store.committed[info.StorageKey] = true
+			store.fp = ""
+			w.WriteHeader(http.StatusCreated)
+		}))
+	}
+	m, h := newHandler(idem.WithoutFingerprint())
+	if w := serve(h, "k", `{"item":"book"}`); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	// The memory store completed the entry, but it answers Committed now.
+	w := serve(h, "k", `{"item":"book"}`)
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "ErrNotReplayable") || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry of a committed entry: %d %q", w.Code, w.Body)
+	}
+
+	_, h = newHandler(idem.WithoutFingerprint(), idem.WithRebuild(func(w http.ResponseWriter, r *http.Request) bool {
+		rebuilt.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "rebuilt")
+		return true
+	}))
+	w = serve(h, "k", `{"item":"book"}`)
+	if w.Code != http.StatusCreated || w.Body.String() != "rebuilt" || w.Header().Get("Idempotent-Replayed") != "true" || rebuilt.Load() != 1 {
+		t.Fatalf("retry of a committed entry, with WithRebuild: %d %q %v", w.Code, w.Body, w.Header())
+	}
+
+	store.fp = "another request's fingerprint"
+	if w := serve(h, "k", `{"item":"book"}`); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("a committed entry of another request: %d %q, want 422", w.Code, w.Body)
+	}
+
+	store.fp = ""
+	ran := false
+	if _, err := m.Do(context.Background(), "op", "k", func(ctx context.Context) ([]byte, error) {
+		info, _ := idem.FromContext(ctx)
+		store.committed[info.StorageKey] = true
+		return []byte("result"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := m.Do(context.Background(), "op", "k", func(context.Context) ([]byte, error) { ran = true; return nil, nil })
+	if !errors.Is(err, idem.ErrNotReplayable) || ran {
+		t.Fatalf("Do of a committed entry: %v (fn ran: %v), want ErrNotReplayable", err, ran)
 	}
 }

@@ -1,8 +1,9 @@
 // Package storage defines the contract between the idem middleware and the
 // place where it keeps idempotency records.
 //
-// The package holds only the [Store] interface, its optional interfaces
-// ([RecordKeeper], [Issuer]), their result types and their errors, so
+// The package holds only the [Store] interface, its optional interface
+// [Issuer], their result types and errors, and the [Lease] an execution
+// carries in its context, so
 // that a program that uses the in-memory store never compiles a Redis or
 // PostgreSQL client. Implementations live below it: storage/memstore (one
 // process), storage/redisstore and storage/pgstore (shared by every
@@ -20,9 +21,24 @@
 // again). An entry whose lease runs out disappears, so a crashed process
 // never holds a key for longer than its lease. An [Issuer] adds a third
 // state, issued, before processing (and to which Release returns an
-// entry taken from an issue). A store may add states of its own,
-// which change this protocol where its documentation says: pgstore's
-// committed state (its Fence) does.
+// entry taken from an issue).
+//
+// # Committed entries
+//
+// A store whose completion can join the application's own transaction
+// (pgstore's Fence) adds a fourth state, committed: the owner's work took
+// effect, committed together with the entry, and its response is not
+// stored yet. The owner still ends it as it ends a processing entry:
+// Complete makes it done, Extend renews its lease, and Release ends the
+// lease but keeps the entry, since the work must never run again. While
+// the owner's lease runs, Acquire answers [InFlight], so a retry waits for
+// the response; once the lease has run out (the owner's process died
+// between its commit and its Complete, or it released the entry), Acquire
+// and AcquireIssued answer [Committed]: the work is done and its response
+// is lost. The entry stays committed until the TTL the store's fence gave
+// it. The middleware answers Committed as a done entry whose response it
+// could not keep: 409 with ErrNotReplayable, or what WithRebuild answers.
+// A store without such a fence never answers Committed.
 //
 // Every method is atomic and costs one round trip. Every method is safe to
 // run twice with the same arguments (a Redis client may resend a command
@@ -85,10 +101,15 @@ const (
 	// key: it was never issued, its issue expired, or it was used and
 	// its entry is gone. Nothing was created.
 	NotIssued
+	// Committed means a committed entry whose owner's lease has run out
+	// (see Committed entries in the package documentation): its work took
+	// effect, its response was never stored. [Result.Fingerprint] is set,
+	// [Result.Record] is nil. Nothing was created.
+	Committed
 )
 
-// String returns "acquired", "in flight", "done", "not issued" or
-// "State(n)".
+// String returns "acquired", "in flight", "done", "not issued",
+// "committed" or "State(n)".
 func (s State) String() string {
 	switch s {
 	case Acquired:
@@ -99,29 +120,29 @@ func (s State) String() string {
 		return "done"
 	case NotIssued:
 		return "not issued"
+	case Committed:
+		return "committed"
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
 // Result is what [Store.Acquire] or [Issuer.AcquireIssued] found or did.
 type Result struct {
-	// State says which of the four outcomes happened (NotIssued from
-	// AcquireIssued only).
+	// State says which outcome happened (NotIssued from AcquireIssued
+	// only; Committed from a store with committed entries only).
 	State State
 
 	// Fingerprint is the fingerprint given when the existing entry was
-	// acquired. Set for InFlight and Done; empty for Acquired and
-	// NotIssued.
+	// acquired. Set for InFlight, Done and Committed; empty for Acquired
+	// and NotIssued.
 	Fingerprint string
 
 	// LeaseLeft is how long the other owner's lease still runs. Set for
 	// InFlight only; at least one millisecond.
 	LeaseLeft time.Duration
 
-	// Record is the record stored by [Store.Complete] (or one a store
-	// makes for a state of its own, as pgstore does for a committed entry
-	// whose lease ran out). Set for Done only. It may share memory with
-	// the store: the caller must not modify it.
+	// Record is the record stored by [Store.Complete]. Set for Done only.
+	// It may share memory with the store: the caller must not modify it.
 	Record []byte
 }
 
@@ -145,6 +166,8 @@ type Store interface {
 	//   - A processing entry owned by someone else: InFlight, with the
 	//     entry's fingerprint and the lease it has left.
 	//   - A done entry: Done, with its fingerprint and record.
+	//   - A committed entry (in a store that has them): InFlight while its
+	//     owner's lease runs, then Committed, with its fingerprint.
 	//
 	// It returns ErrInvalid for an empty key or owner, a fingerprint over
 	// MaxFingerprintLen bytes or a lease <= 0, and ErrFull when a bounded
@@ -152,9 +175,9 @@ type Store interface {
 	// reached or answered nonsense, and nothing is known about the entry.
 	Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (Result, error)
 
-	// Complete turns owner's processing entry into a done entry that holds
-	// record, remembers owner as the one that completed it and expires
-	// after ttl; the fingerprint is kept. The store must not retain record
+	// Complete turns owner's processing (or committed) entry into a done
+	// entry that holds record, remembers owner as the one that completed
+	// it and expires after ttl; the fingerprint is kept. The store must not retain record
 	// after Complete returns (the caller reuses the buffer): it copies what
 	// it keeps. If the entry is already done, completed by this owner with
 	// exactly this record, Complete returns nil (a resend). Otherwise, when
@@ -165,7 +188,8 @@ type Store interface {
 	Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
 
 	// Release deletes owner's processing entry so that a later Acquire
-	// starts afresh. A missing entry is not an error (a resend, or the lease
+	// starts afresh; the owner's committed entry is kept, and its lease
+	// ends. A missing entry is not an error (a resend, or the lease
 	// ran out: either way nothing is held). An entry held by another owner,
 	// or a done entry, is left alone and ErrNotOwner is returned. In a
 	// store that is an [Issuer], an entry that was issued goes back to
@@ -175,31 +199,9 @@ type Store interface {
 
 	// Extend renews owner's lease to lease from now. It returns ErrNotOwner
 	// when owner does not hold a processing entry for key (an issued or
-	// done entry has no lease), and ErrInvalid for a lease <= 0. A store
-	// with states of its own may extend more: pgstore renews the lease on
-	// the owner's committed entry too, leaving its expiry alone.
+	// done entry has no lease), and ErrInvalid for a lease <= 0. The lease
+	// of the owner's committed entry is renewed too.
 	Extend(ctx context.Context, key, owner string, lease time.Duration) error
-}
-
-// RecordKeeper is an optional interface of a [Store] that can keep the
-// record given to Complete as it is, without copying it. The middleware
-// uses it, when the store has it, for a record it encoded into a buffer of
-// its own that it never touches again: a store in memory then keeps one
-// copy of a large response fewer. A store that copies records anyway (one
-// that sends them over a network) gains nothing from it.
-//
-// storagetest runs the Complete clauses on CompleteKeep too when the store
-// implements it.
-type RecordKeeper interface {
-	Store
-
-	// CompleteKeep is [Store.Complete], with one difference: when it
-	// returns nil, the store may keep record itself, and the caller hands
-	// the buffer over: it must never modify it again (the store may give
-	// it out as [Result.Record], which is read-only too). When it returns
-	// an error, the store has kept no reference to record, which stays the
-	// caller's, as after Complete.
-	CompleteKeep(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
 }
 
 // Issuer is an optional interface of a [Store] that keeps server-issued

@@ -52,8 +52,7 @@ type Store struct {
 }
 
 var (
-	_ storage.RecordKeeper = (*Store)(nil)
-	_ storage.Issuer       = (*Store)(nil)
+	_ storage.Issuer = (*Store)(nil)
 )
 
 // entry is one key's entry: processing (owner set, not done), done (done
@@ -396,17 +395,6 @@ func (s *Store) makeRoom(now time.Time) bool {
 // with the same record returns nil. The context is not used. Errors wrap
 // [storage.ErrNotOwner] or [storage.ErrInvalid].
 func (s *Store) Complete(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
-	return s.complete(key, owner, record, ttl, false)
-}
-
-// CompleteKeep implements [storage.RecordKeeper.CompleteKeep]: it is
-// Complete, except that it keeps record itself, without copying it, when
-// it returns nil.
-func (s *Store) CompleteKeep(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
-	return s.complete(key, owner, record, ttl, true)
-}
-
-func (s *Store) complete(key, owner string, record []byte, ttl time.Duration, keep bool) error {
 	if ttl <= 0 {
 		return fmt.Errorf("memstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
@@ -423,11 +411,8 @@ func (s *Store) complete(key, owner string, record []byte, ttl time.Duration, ke
 		}
 		return fmt.Errorf("memstore: complete: %w: done with another record", storage.ErrNotOwner)
 	}
-	rec := record[:len(record):len(record)] // no room to append into
-	if !keep || rec == nil {
-		rec = make([]byte, len(record)) // never nil; no allocation when empty
-		copy(rec, record)
-	}
+	rec := make([]byte, len(record)) // never nil; no allocation when empty
+	copy(rec, record)
 	s.bytes += len(rec) // the owner stays: a resend must come from it
 	e.record, e.done, e.issueTTL = rec, true, 0
 	s.setExpiry(e, now.Add(roundUp(ttl)))

@@ -76,10 +76,9 @@
 //     still store its response, and a duplicate that arrives between the
 //     COMMIT and the storing of the response gets 409 with Retry-After (or
 //     waits, with WithWait), as for any request in flight, and then the
-//     replay. Once the lease has run out, Acquire answers [storage.Done],
-//     with the encoding of response.Record{NotReplayable: true} as its
-//     record: the middleware answers 409 ErrNotReplayable (or WithRebuild's
-//     answer), and never runs the handler.
+//     replay. Once the lease has run out, Acquire answers
+//     [storage.Committed]: the middleware answers 409 ErrNotReplayable (or
+//     WithRebuild's answer), and never runs the handler.
 //   - Complete by the owner turns it into a done entry with the record (the
 //     normal path, after the handler returns), even after the lease ran
 //     out.

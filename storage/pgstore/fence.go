@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/storage"
 	"github.com/jackc/pgx/v5"
 )
@@ -15,8 +14,8 @@ import (
 // together or not at all. Call it in every transaction of the handler
 // that makes a change a retry must not make again, on the database of the
 // store's table, with the request's context (or one derived from it, which
-// carries its [idem.Info]); then commit. If it returns an error, roll tx
-// back.
+// carries the execution's [storage.Lease]); then commit. If it returns an
+// error, roll tx back.
 //
 //   - The request is not protected (it had no key, the middleware does not
 //     cover it, or WithFailOpen ran the handler unprotected because the
@@ -24,8 +23,8 @@ import (
 //     then commits without the fence, as it would without idem.
 //   - The execution holds the lease (its owner token, processing, the
 //     lease not expired by the database's clock): in one statement, the
-//     entry becomes committed in tx and expires after Info.TTL, no longer
-//     at the end of the lease. The statement locks the row FOR UPDATE
+//     entry becomes committed in tx and expires after the Lease's TTL
+//     (the middleware's WithTTL), no longer at the end of the lease. The statement locks the row FOR UPDATE
 //     until tx ends. No statement of the store waits for that lock: while
 //     tx is open, an Acquire or AcquireIssued of the key by another
 //     request answers at once that it is in flight (the middleware's 409
@@ -40,8 +39,9 @@ import (
 //     gets the stored response once the middleware has completed the
 //     entry; before that, the 409 of a request in flight while this
 //     execution's lease runs, and once it has run out (the process died
-//     after the commit) a 409 ErrNotReplayable, "completed, but its
-//     response was not stored", or WithRebuild's answer. If tx rolls
+//     after the commit) Acquire answers [storage.Committed]: the
+//     middleware's 409 ErrNotReplayable, "completed, but its response
+//     was not stored", or WithRebuild's answer. If tx rolls
 //     back, the entry is as it was: processing, with its lease.
 //   - The lease was lost (it ran out, and the entry expired or another
 //     execution took the key): Fence returns an error wrapping
@@ -50,8 +50,8 @@ import (
 //
 // Fence may be called again by the same execution, in the same or a later
 // transaction; the entry stays committed and its TTL starts again. It
-// returns an error wrapping [storage.ErrInvalid] when the Info of a
-// protected request has no StorageKey or Owner, or a TTL <= 0.
+// returns an error wrapping [storage.ErrInvalid] when the context's Lease
+// has no Key or Owner, or a TTL <= 0.
 //
 // Where to call it: under READ COMMITTED (PostgreSQL's default), anywhere
 // in tx; as its last statement before COMMIT, it holds the row lock for
@@ -75,14 +75,14 @@ import (
 // this version may still wait for a transaction fenced by an older
 // instance, as every statement of the older version did.
 func (s *Store) Fence(ctx context.Context, tx pgx.Tx) error {
-	info, ok := idem.FromContext(ctx)
-	if !ok || !info.Protected {
+	l, ok := storage.LeaseFromContext(ctx)
+	if !ok {
 		return nil
 	}
-	if info.StorageKey == "" || info.Owner == "" || info.TTL <= 0 {
-		return fmt.Errorf("pgstore: fence: %w: storage key %q, owner %q, TTL %v", storage.ErrInvalid, info.StorageKey, info.Owner, info.TTL)
+	if l.Key == "" || l.Owner == "" || l.TTL <= 0 {
+		return fmt.Errorf("pgstore: fence: %w: key %q, owner %q, TTL %v", storage.ErrInvalid, l.Key, l.Owner, l.TTL)
 	}
-	tag, err := tx.Exec(ctx, s.sql.fence, bytes(info.StorageKey), bytes(info.Owner), ms(info.TTL))
+	tag, err := tx.Exec(ctx, s.sql.fence, bytes(l.Key), bytes(l.Owner), ms(l.TTL))
 	if err != nil {
 		return fmt.Errorf("pgstore: fence: %w", err)
 	}

@@ -265,16 +265,12 @@ func (a *app) storageKey() string {
 	return string(k)
 }
 
-// wantNotReplayable checks that res is done with the record Acquire gives
-// a committed entry.
+// wantNotReplayable checks that res is what Acquire answers for a
+// committed entry whose lease has run out.
 func wantNotReplayable(t *testing.T, res storage.Result) {
 	t.Helper()
-	var rec response.Record
-	if res.State != storage.Done {
-		t.Fatalf("Acquire: %v, want done", res.State)
-	}
-	if err := rec.UnmarshalBinary(res.Record); err != nil || !rec.NotReplayable || rec.Status != 0 {
-		t.Fatalf("record %+v (%v), want NotReplayable with status 0", rec, err)
+	if res.State != storage.Committed || res.Record != nil || res.Fingerprint == "" {
+		t.Fatalf("Acquire: %+v, want committed, with a fingerprint and no record", res)
 	}
 }
 
@@ -396,7 +392,7 @@ func TestFenceHoldsAcquire(t *testing.T) {
 		orders int
 	}{
 		{"commit", time.Minute, commit, storage.InFlight, 1},
-		{"commit after the lease ran out", 300 * time.Millisecond, commit, storage.Done, 1},
+		{"commit after the lease ran out", 300 * time.Millisecond, commit, storage.Committed, 1},
 		{"rollback", time.Minute, rollback, storage.InFlight, 0},
 		{"rollback after the lease ran out", 300 * time.Millisecond, rollback, storage.Acquired, 0},
 	} {
@@ -436,7 +432,7 @@ func TestFenceHoldsAcquire(t *testing.T) {
 			if res.State != c.want {
 				t.Fatalf("Acquire after %s: %v, want %v", c.name, res.State, c.want)
 			}
-			if c.want == storage.Done {
+			if c.want == storage.Committed {
 				wantNotReplayable(t, res)
 			}
 			if n := a.ordersCount(); n != c.orders {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -578,16 +577,6 @@ const cleanupSQL = `DELETE FROM {table} WHERE ctid IN (
   ORDER BY expires LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires <= clock_timestamp()`
 
-// notReplayable is the record that Acquire answers for a committed entry:
-// its transaction committed, its response was not stored.
-var notReplayable = func() []byte {
-	b, err := (&response.Record{NotReplayable: true}).MarshalBinary()
-	if err != nil {
-		panic(err)
-	}
-	return b
-}()
-
 // ms gives d in whole milliseconds, rounded up, for a d > 0.
 func ms(d time.Duration) int64 {
 	n := int64(d / time.Millisecond)
@@ -608,10 +597,8 @@ func bytes(s string) []byte {
 // Acquire implements [storage.Store.Acquire]. A committed entry (see
 // [Store.Fence]) is in flight while the lease of the execution that
 // committed it runs (it may still store its response: the middleware
-// answers 409 with Retry-After, or waits), and then done, with the
-// encoding of response.Record{NotReplayable: true} as its record (the
-// response is taken as lost: 409 ErrNotReplayable, or WithRebuild's
-// answer). While the transaction that fenced the entry is open, the entry
+// answers 409 with Retry-After, or waits), and then [storage.Committed]
+// (the response is lost: 409 ErrNotReplayable, or WithRebuild's answer). While the transaction that fenced the entry is open, the entry
 // is in flight, answered at once (see Row locks in the package
 // documentation). Given an issued entry, it takes it as AcquireIssued
 // does. Errors wrap [storage.ErrInvalid], or say that the database could
@@ -650,7 +637,7 @@ func (s *Store) acquire(ctx context.Context, q, key, owner, fingerprint string, 
 	case state == "committed" && left > 0:
 		return storage.Result{State: storage.InFlight, Fingerprint: string(fp), LeaseLeft: time.Duration(left) * time.Millisecond}, nil
 	case state == "committed":
-		return storage.Result{State: storage.Done, Fingerprint: string(fp), Record: notReplayable}, nil
+		return storage.Result{State: storage.Committed, Fingerprint: string(fp)}, nil
 	case state == "done" && record != nil:
 		return storage.Result{State: storage.Done, Fingerprint: string(fp), Record: record}, nil
 	}

@@ -112,6 +112,24 @@ func frozenClock(t testing.TB, pool *pgxpool.Pool) (expr string, advance func(ti
 	}
 }
 
+// harness is the contract suite's harness of store, whose table is in
+// pool's database: Commit fences the owner's entry in a transaction that
+// commits.
+func harness(pool *pgxpool.Pool, store *pgstore.Store, advance func(time.Duration)) storagetest.Harness {
+	return storagetest.Harness{Store: store, Advance: advance,
+		Commit: func(ctx context.Context, key, owner string, ttl time.Duration) error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx)
+			if err := store.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: key, Owner: owner, TTL: ttl}), tx); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}}
+}
+
 // TestContract runs the contract suite on the server's real clock: one
 // store, one table; the expiry clauses poll.
 func TestContract(t *testing.T) {
@@ -119,7 +137,7 @@ func TestContract(t *testing.T) {
 	// they really run at once.
 	d := openOn(t, testPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 50 }))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: d.store}
+		return harness(d.pool, d.store, nil)
 	})
 }
 
@@ -136,7 +154,7 @@ func TestContractExecModes(t *testing.T) {
 			clock, advance := frozenClock(t, pool)
 			d := openOn(t, pool, pgstore.WithClock(clock))
 			storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-				return storagetest.Harness{Store: d.store, Advance: advance}
+				return harness(pool, d.store, advance)
 			})
 		})
 	}
@@ -150,7 +168,7 @@ func TestContractFrozenClock(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		clock, advance := frozenClock(t, pool)
 		d := openOn(t, pool, pgstore.WithClock(clock))
-		return storagetest.Harness{Store: d.store, Advance: advance}
+		return harness(pool, d.store, advance)
 	})
 }
 
@@ -451,7 +469,7 @@ func TestMigrationBeforeIssuedKeys(t *testing.T) {
 	clock, advance := frozenClock(t, pool)
 	s = openOn(old, pgstore.WithClock(clock))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: s, Advance: advance}
+		return harness(pool, s, advance)
 	})
 }
 

@@ -16,9 +16,7 @@
 // another owner completed, nor from one that never held it), lease and TTL
 // expiry, rounding to milliseconds, invalid arguments, binary
 // safety of fingerprints, owners and records, and that exactly one of many
-// concurrent acquirers wins. For a store that implements
-// [storage.RecordKeeper] it checks the Complete clauses on CompleteKeep too
-// (the CompleteKeep subtests are skipped for the others).
+// concurrent acquirers wins.
 //
 // For a store that implements [storage.Issuer] it checks the clauses of
 // issued keys (the Issuer subtests are skipped for the others): Issue
@@ -33,6 +31,16 @@
 // Acquire takes an issued entry too; invalid arguments; rounding to
 // milliseconds; binary fingerprints and owners; and that exactly one of
 // many concurrent AcquireIssued wins.
+//
+// For a store with committed entries (see Committed entries in the storage
+// package documentation), whose Harness has Commit, it checks their
+// clauses (the Committed subtests are skipped for the others): a
+// committed entry is in flight while its owner's lease runs, and then
+// Committed, for every owner, creating nothing; its owner's Release ends
+// the lease and keeps the entry; its owner completes it, even after the
+// lease; other owners cannot complete, release or extend it; only the
+// owner of a processing entry commits it; it expires after the TTL of
+// its commit.
 //
 // It uses the standard testing package only.
 package storagetest
@@ -66,6 +74,14 @@ type Harness struct {
 	// most two seconds, until they are gone; they fail if an entry went
 	// before its time.
 	Advance func(d time.Duration)
+
+	// Commit makes owner's processing entry under key committed, to be
+	// kept for ttl, as the store's fence does in a transaction that then
+	// commits (see Committed entries in the storage package
+	// documentation); its error wraps storage.ErrNotOwner when owner does
+	// not hold the entry. Leave it nil for a store without committed
+	// entries: the Committed subtests are skipped.
+	Commit func(ctx context.Context, key, owner string, ttl time.Duration) error
 }
 
 // Run runs the contract suite, one subtest per clause. newHarness is called
@@ -94,7 +110,6 @@ var groups = []struct {
 }{
 	{"Acquire", acquireCases},
 	{"Complete", completeCases},
-	{"CompleteKeep", completeKeepCases},
 	{"Release", releaseCases},
 	{"Extend", extendCases},
 	{"Expiry", expiryCases},
@@ -103,6 +118,7 @@ var groups = []struct {
 	{"Binary", binaryCases},
 	{"Concurrent", concurrentCases},
 	{"Issuer", issuerCases},
+	{"Committed", committedCases},
 }
 
 const (
@@ -201,18 +217,16 @@ var completeCases = []testCase{
 		copy(buf, "XXXXXX")
 		s.wantDone(k, "fp", []byte("record"))
 	}},
-	{"LeaseLostSameRecord", func(s *suite) { s.leaseLostSameRecord("Complete", s.Store.Complete) }},
-	{"OtherOwnerSameRecordAfterDone", func(s *suite) { s.otherOwnerSameRecordAfterDone("Complete", s.Store.Complete) }},
+	{"LeaseLostSameRecord", func(s *suite) { s.leaseLostSameRecord() }},
+	{"OtherOwnerSameRecordAfterDone", func(s *suite) { s.otherOwnerSameRecordAfterDone() }},
 }
-
-// completeFunc is Complete or CompleteKeep.
-type completeFunc func(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
 
 // leaseLostSameRecord: owner A's lease runs out, owner B acquires and
 // completes with record R; A's Complete with the very same R must not be
 // taken for a resend (that would report two executions as one), while B's
 // resend still is one.
-func (s *suite) leaseLostSameRecord(name string, complete completeFunc) {
+func (s *suite) leaseLostSameRecord() {
+	name, complete := "Complete", s.Store.Complete
 	k := s.key()
 	lease := s.short()
 	start := time.Now()
@@ -241,7 +255,8 @@ func (s *suite) leaseLostSameRecord(name string, complete completeFunc) {
 
 // otherOwnerSameRecordAfterDone: once A has completed with R, a Complete
 // with R by B, who never held the entry, is no resend.
-func (s *suite) otherOwnerSameRecordAfterDone(name string, complete completeFunc) {
+func (s *suite) otherOwnerSameRecordAfterDone() {
+	name, complete := "Complete", s.Store.Complete
 	k := s.key()
 	s.wantAcquired(s.acquire(k, "owner-A", "fp-A", minute))
 	if err := complete(s.ctx, k, "owner-A", []byte("record"), hour); err != nil {
@@ -256,72 +271,6 @@ func (s *suite) otherOwnerSameRecordAfterDone(name string, complete completeFunc
 		s.t.Fatalf("%s resent by owner-A with the same record: %v, want nil", name, err)
 	}
 	s.wantDone(k, "fp-A", []byte("record"))
-}
-
-// completeKeepCases check CompleteKeep of a storage.RecordKeeper: the
-// clauses of Complete, and that after an error the caller's buffer is
-// still the caller's.
-var completeKeepCases = []testCase{
-	{"ByOwner", func(s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", minute)
-		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("record"), hour); err != nil {
-			s.t.Fatalf("CompleteKeep by the owner: %v", err)
-		}
-		s.wantDone(k, "fp", []byte("record"))
-	}},
-	{"ByOtherOwner", func(s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", minute)
-		buf := []byte("x")
-		s.is(s.keeper().CompleteKeep(s.ctx, k, "o2", buf, hour), storage.ErrNotOwner, "CompleteKeep by another owner")
-		s.wantInFlight(k, "fp")
-		copy(buf, "y") // still the caller's
-		s.complete(k, "o1", []byte("record"), hour)
-		s.wantDone(k, "fp", []byte("record"))
-	}},
-	{"Missing", func(s *suite) {
-		k := s.key()
-		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("x"), hour), storage.ErrNotOwner, "CompleteKeep of a missing key")
-		s.wantState(s.acquire(k, "o2", "fp", minute), storage.Acquired)
-	}},
-	{"ResendSameRecord", func(s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", minute)
-		s.complete(k, "o1", []byte("record"), hour)
-		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("record"), hour); err != nil {
-			s.t.Fatalf("CompleteKeep resent with the same record: %v, want nil", err)
-		}
-		s.wantDone(k, "fp", []byte("record"))
-	}},
-	{"OtherRecordAfterDone", func(s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", minute)
-		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("record"), hour); err != nil {
-			s.t.Fatal(err)
-		}
-		buf := []byte("other")
-		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", buf, hour), storage.ErrNotOwner, "CompleteKeep with another record after done")
-		copy(buf, "XXXXX") // still the caller's
-		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", nil, hour), storage.ErrNotOwner, "CompleteKeep with an empty record after done")
-		s.wantDone(k, "fp", []byte("record"))
-	}},
-	{"EmptyRecord", func(s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", minute)
-		if err := s.keeper().CompleteKeep(s.ctx, k, "o1", nil, hour); err != nil {
-			s.t.Fatal(err)
-		}
-		s.wantDone(k, "fp", []byte{})
-	}},
-	{"InvalidTTL", func(s *suite) {
-		k := s.key()
-		s.acquire(k, "o1", "fp", minute)
-		s.is(s.keeper().CompleteKeep(s.ctx, k, "o1", []byte("r"), 0), storage.ErrInvalid, "CompleteKeep with a ttl of 0")
-		s.wantInFlight(k, "fp")
-	}},
-	{"LeaseLostSameRecord", func(s *suite) { s.leaseLostSameRecord("CompleteKeep", s.keeper().CompleteKeep) }},
-	{"OtherOwnerSameRecordAfterDone", func(s *suite) { s.otherOwnerSameRecordAfterDone("CompleteKeep", s.keeper().CompleteKeep) }},
 }
 
 var releaseCases = []testCase{
@@ -969,16 +918,6 @@ func (s *suite) short() time.Duration {
 		return minute
 	}
 	return 50 * time.Millisecond
-}
-
-// keeper returns the store as a storage.RecordKeeper, skipping the test
-// when it is not one.
-func (s *suite) keeper() storage.RecordKeeper {
-	k, ok := s.Store.(storage.RecordKeeper)
-	if !ok {
-		s.t.Skip("the store does not implement storage.RecordKeeper")
-	}
-	return k
 }
 
 // issuer returns the store as a storage.Issuer, skipping the test when it

@@ -15,7 +15,14 @@ import (
 // BenchmarkMiddleware and the load tool, never asserted.
 const (
 	// Memory store, allocations over the bare handler, per adapter.
-	memFirstAllocs  = 8
+	// First executions: 8 in issue 4, renegotiated to 9 in issue 19,
+	// whose simpler forms cost two (measured 6 to 7 before, 8 to 9
+	// after): the storage.Lease that a protected execution's context
+	// carries for a store's fence (so that pgstore needs neither the root
+	// package nor response), and the memory store's own copy of the
+	// record, since storage.RecordKeeper, which let it keep the
+	// middleware's buffer, went (it can pay on no shared store).
+	memFirstAllocs  = 9
 	memReplayAllocs = 5
 	memPassAllocs   = 0
 	// Redis store, allocations over the bare handler.
@@ -25,7 +32,9 @@ const (
 	// budget for this store, which came later: these are the levels
 	// measured when it joined the benchmarks (the most of the three
 	// adapters), held as ceilings so that a regression fails.
-	pgFirstAllocs    = 47
+	// First executions: 47 until issue 19 added the storage.Lease
+	// context (measured 45 to 47 before, 48 to 49 after).
+	pgFirstAllocs    = 49
 	pgReplayAllocs   = 23
 	pgConflictAllocs = 29
 	pgPassAllocs     = 0
@@ -34,8 +43,11 @@ const (
 	pgFenceAllocs = 8
 	// Bytes allocated by a request answering 1 MiB, over the bare
 	// handler, as a multiple of the body: one capture copy plus the
-	// encoded record.
-	largeBytesFactor = 2.2
+	// encoded record. The memory store keeps a copy of its own as well
+	// (a store copies what it keeps; 2.2 until issue 19 removed
+	// storage.RecordKeeper, measured 2.01 before and 3.02 after).
+	largeBytesFactor    = 2.2
+	memLargeBytesFactor = 3.1
 	// Redis bytes per stored record, beyond the body and the stored
 	// header names and values.
 	redisRecordOverhead = 96
@@ -229,9 +241,12 @@ func TestLargeResponseBytes(t *testing.T) {
 				t.Cleanup(func() { s.store.trim(t) })
 			}
 			got := bytesPerRequest(t, s, "large", 20) - bare
-			factor := got / float64(len(largeBody))
-			t.Logf("large: %.0f bytes over bare per request, %.2fx the body (budget %.1fx)", got, factor, largeBytesFactor)
-			check(t, "large/"+sk.name, factor, largeBytesFactor, "a 1 MiB response allocates %.2fx its size, budget %.1fx", factor, largeBytesFactor)
+			factor, budget := got/float64(len(largeBody)), largeBytesFactor
+			if sk.name == "memory" {
+				budget = memLargeBytesFactor
+			}
+			t.Logf("large: %.0f bytes over bare per request, %.2fx the body (budget %.1fx)", got, factor, budget)
+			check(t, "large/"+sk.name, factor, budget, "a 1 MiB response allocates %.2fx its size, budget %.1fx", factor, budget)
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/storage"
 )
 
 type scenario struct {
@@ -88,9 +89,12 @@ var scenarios = []scenario{
 	{"RequestBodyUnchanged", func(t *testing.T, s *suite) {
 		var c counter
 		infos := make(chan idem.Info, 1)
+		leases := make(chan storage.Lease, 1)
 		e := s.env([]Route{{"POST", "/echo", c.wrap(func(w http.ResponseWriter, r *http.Request) {
 			info, _ := idem.FromContext(r.Context())
 			infos <- info
+			lease, _ := storage.LeaseFromContext(r.Context())
+			leases <- lease
 			b, _ := io.ReadAll(r.Body)
 			w.Write(b)
 		})}})
@@ -99,9 +103,12 @@ var scenarios = []scenario{
 		if r.status != 200 || string(r.body) != body {
 			t.Fatalf("handler saw a different body: %d bytes", len(r.body))
 		}
-		if info := <-infos; !info.Protected || info.Key != `quoted "key"` || !ownerRE.MatchString(info.Owner) ||
-			len(info.StorageKey) != 22 || info.TTL != idem.DefaultTTL {
+		info := <-infos
+		if !info.Protected || info.Key != `quoted "key"` || !ownerRE.MatchString(info.Owner) || len(info.StorageKey) != 22 {
 			t.Fatalf("FromContext = %+v", info)
+		}
+		if lease := <-leases; lease != (storage.Lease{Key: info.StorageKey, Owner: info.Owner, TTL: idem.DefaultTTL}) {
+			t.Fatalf("storage.LeaseFromContext = %+v, want the Info's storage key and owner and the TTL", lease)
 		}
 		sameResponse(t, r, e.do(req{path: "/echo", key: `"quoted \"key\""`, body: body}))
 		c.want(t, 1)
@@ -369,9 +376,12 @@ var scenarios = []scenario{
 	{"StoreDownFailOpen", func(t *testing.T, s *suite) {
 		var c counter
 		infos := make(chan idem.Info, 1)
+		leased := make(chan bool, 1)
 		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {
 			info, _ := idem.FromContext(r.Context())
 			infos <- info
+			_, ok := storage.LeaseFromContext(r.Context())
+			leased <- ok
 			b, _ := io.ReadAll(r.Body)
 			w.Write(b)
 		})}}, idem.WithFailOpen())
@@ -380,8 +390,8 @@ var scenarios = []scenario{
 			t.Fatalf("fail-open: %v", r)
 		}
 		c.want(t, 1)
-		if info := <-infos; info.Protected || info.Key != "k" || info.StorageKey != "" || info.TTL != 0 {
-			t.Fatalf("FromContext under fail-open = %+v", info)
+		if info := <-infos; info.Protected || info.Key != "k" || info.StorageKey != "" || <-leased {
+			t.Fatalf("FromContext under fail-open = %+v, or a storage.Lease in the context", info)
 		}
 		if e.ev.last().Outcome != idem.FailedOpen {
 			t.Fatalf("event %+v", e.ev.last())
