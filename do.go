@@ -5,7 +5,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/idemkit/idem/response"
+	"github.com/idemkit/idem/internal/httprec"
 )
 
 // This file is the protocol without HTTP: Do runs a function once per key,
@@ -88,7 +88,7 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 		f := finish{m: m, ctx: ctx, route: op, start: start, skey: skey, owner: owner}
 		return f.do(key, fn)
 	case Replayed:
-		var rec response.Record
+		var rec httprec.Record
 		switch err := rec.UnmarshalBinary(res.Record); {
 		case err != nil:
 			e = newError(ErrCorruptRecord, "The stored result for this idempotency key cannot be read.", 0, err)
@@ -126,7 +126,7 @@ func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (r
 		m.beats.stop(&st.beat)
 		perr := &PanicError{Value: p, Goexit: p == nil}
 		if st.ctx.done.Load() { // MarkDone: never released
-			f.keep(st, &response.Record{Status: 200, NotReplayable: true}, false, 0, true, perr)
+			f.keep(st, &httprec.Record{Status: 200, NotReplayable: true}, false, 0, true, perr)
 		} else {
 			f.release(st, Released, 0, perr)
 		}
@@ -141,13 +141,13 @@ func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (r
 	m.beats.stop(&st.beat)
 	switch {
 	case err != nil && st.ctx.done.Load(): // MarkDone: never released
-		f.keep(st, &response.Record{Status: 200, NotReplayable: true}, false, 0, true, err)
+		f.keep(st, &httprec.Record{Status: 200, NotReplayable: true}, false, 0, true, err)
 		return nil, err
 	case err != nil:
 		f.release(st, Released, 0, err)
 		return nil, err
 	}
-	rec := response.Record{Status: 200, Body: result}
+	rec := httprec.Record{Status: 200, Body: result}
 	f.keep(st, &rec, len(result) <= m.cfg.maxResp, 0, true, nil)
 	return result, nil
 }

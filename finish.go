@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/response"
+	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/storage"
 )
 
@@ -69,7 +69,7 @@ type finish struct {
 // place, and a retry must not run it again. Only a handler that returned
 // normally with a status that is not cacheable (it says it did nothing)
 // and one that panicked or gave up before sending anything are released.
-func (f *finish) end(st *handlerState, cw *response.Capture, perr *PanicError) {
+func (f *finish) end(st *handlerState, cw *httprec.Capture, perr *PanicError) {
 	f.m.beats.stop(&st.beat)
 	marked := st.ctx.done.Load()
 	switch {
@@ -77,7 +77,7 @@ func (f *finish) end(st *handlerState, cw *response.Capture, perr *PanicError) {
 		// The status line at least has gone out (or the handler said its
 		// work is done): the recovery middleware outside cannot answer
 		// again, and the client may have seen the work's effect.
-		f.keep(st, &response.Record{Status: cw.Status(), NotReplayable: true}, false, cw.Status(), true, perr)
+		f.keep(st, &httprec.Record{Status: cw.Status(), NotReplayable: true}, false, cw.Status(), true, perr)
 	case perr != nil:
 		// Nothing is sent on the handler's behalf: the recovery
 		// middleware outside answers.
@@ -127,11 +127,11 @@ func (f *finish) release(st *handlerState, outcome Outcome, status int, cause er
 // A record that cannot be encoded (a status outside 100..999, which no
 // adapter records) is kept as done but not replayable when something was
 // sent, and released when nothing was.
-func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status int, sent bool, cause error) {
+func (f *finish) keep(st *handlerState, rec *httprec.Record, whole bool, status int, sent bool, cause error) {
 	outcome := Executed
 	if !whole {
 		outcome = NotReplayable
-		*rec = response.Record{Status: rec.Status, NotReplayable: true}
+		*rec = httprec.Record{Status: rec.Status, NotReplayable: true}
 	}
 	b, buf, err := f.encode(rec)
 	if err != nil {
@@ -140,7 +140,7 @@ func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status
 			return
 		}
 		outcome = NotReplayable
-		*rec = response.Record{NotReplayable: true} // status 0: always encodes
+		*rec = httprec.Record{NotReplayable: true} // status 0: always encodes
 		b, buf, err = f.encode(rec)
 	}
 	if err == nil {
@@ -165,7 +165,7 @@ func (f *finish) keep(st *handlerState, rec *response.Record, whole bool, status
 
 // encode encodes rec into a pooled buffer, returned as buf for the caller
 // to put back (a store copies what it keeps of a record).
-func (f *finish) encode(rec *response.Record) (b []byte, buf *[]byte, err error) {
+func (f *finish) encode(rec *httprec.Record) (b []byte, buf *[]byte, err error) {
 	buf = getBuf()
 	if b, err = rec.AppendBinary((*buf)[:0]); err != nil {
 		putBuf(buf)

@@ -7,7 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/idemkit/idem/response"
+	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 )
@@ -38,7 +38,7 @@ func TestKeepUnencodableRecord(t *testing.T) {
 			t.Fatal(res, err)
 		}
 		f := finish{m: m, ctx: ctx, skey: "k", owner: "owner-1"}
-		f.keep(new(handlerState), &response.Record{Status: 0}, true, 0, sent, nil) // status 0 cannot be encoded
+		f.keep(new(handlerState), &httprec.Record{Status: 0}, true, 0, sent, nil) // status 0 cannot be encoded
 		res, err := mem.Acquire(ctx, "k", "owner-2", "", time.Minute)
 		switch {
 		case err != nil:
@@ -49,7 +49,7 @@ func TestKeepUnencodableRecord(t *testing.T) {
 			t.Fatalf("sent: %v, events %v; want the key done", res.State, events)
 		}
 		if sent {
-			var rec response.Record
+			var rec httprec.Record
 			if err := rec.UnmarshalBinary(res.Record); err != nil || !rec.NotReplayable {
 				t.Fatalf("stored %+v %v, want not replayable", rec, err)
 			}
@@ -77,7 +77,7 @@ func TestBackgroundRetriesBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 			f := finish{m: m, ctx: ctx, skey: key, owner: owner}
-			f.keep(new(handlerState), &response.Record{Status: 201}, true, 201, true, nil)
+			f.keep(new(handlerState), &httprec.Record{Status: 201}, true, 201, true, nil)
 		}
 		ev := <-events // the second, at once
 		if ev.Outcome != StoreError || !errors.Is(ev.Err, ErrRetryDropped) {

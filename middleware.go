@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 )
@@ -66,31 +67,34 @@ func New(store storage.Store, opts ...Option) (*Middleware, error) {
 	return m, nil
 }
 
-// Next is the rest of the chain, as [Middleware.Serve] calls it. cw is nil
-// when the request is not protected: w is then the writer given to Serve.
-// When cw is not nil, the request holds the lease: w is cw, which sends the
-// response to the client and records it, and the adapter must route every
-// write of the handlers through it.
-type Next func(w http.ResponseWriter, r *http.Request, cw *response.Capture)
+// Next is the rest of the chain, as [Middleware.Serve] calls it. w is the
+// writer the handlers must write through: the writer given to Serve when
+// the request is not protected, and when it is, the middleware's own,
+// which sends the response to the client as it records it (it unwraps to
+// the writer given to Serve). An adapter whose framework keeps a writer of
+// its own routes the handlers' writes through w when w is not the writer
+// it gave Serve (see package response).
+type Next func(w http.ResponseWriter, r *http.Request)
 
 // Serve runs one request through the idempotency protocol; it is the step
 // an adapter calls. route is the framework's route pattern, or "" when no
 // route matched, in which case the request passes through untouched.
 //
 // Serve calls next at most once:
-//   - with w and r unchanged and a nil capture, for a request it does not
-//     protect (method not protected, no route, no key);
-//   - with a [response.Capture] wrapping w, and a request carrying the
-//     buffered body and the [Info] for FromContext, when this request holds
-//     the lease;
-//   - with w, a request carrying the body and a nil capture, unprotected,
-//     when the store failed and WithFailOpen is set.
+//   - with w and r unchanged, for a request it does not protect (method
+//     not protected, no route, no key);
+//   - with the middleware's writer, which wraps w and records the
+//     response, and a request carrying the buffered body, the [Info] for
+//     FromContext and the storage.Lease, when this request holds the
+//     lease;
+//   - with w and a request carrying the body, unprotected, when the store
+//     failed and WithFailOpen is set.
 //
 // When Serve does not call next it has written the response itself: a
 // replay or a refusal. A panic in next releases the key and is re-raised.
 func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, route string, next Next) {
 	if route == "" || !m.protects(r.Method) {
-		next(w, r, nil)
+		next(w, r)
 		return
 	}
 	if m.cfg.keySource != nil {
@@ -99,7 +103,7 @@ func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, route string,
 	}
 	key, present, err := headerKey(r.Header, m.cfg.header)
 	if !present && !m.cfg.requireKey {
-		next(w, r, nil)
+		next(w, r)
 		return
 	}
 	x := exchange{m: m, w: w, r: r, route: route}
@@ -222,7 +226,7 @@ func (x *exchange) run(next Next) {
 		x.replay(res.Record, skey)
 	case FailedOpen:
 		x.emit(FailedOpen, 0, e)
-		next(x.w, handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key}, 0), nil)
+		next(x.w, handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key}, 0))
 	case Conflict:
 		if e.Kind == ErrNotReplayable {
 			x.notReplayable(e, skey)
@@ -368,7 +372,7 @@ func (x *exchange) execute(next Next, skey, owner string) {
 	defer m.work.done()
 	f := finish{m: m, ctx: x.r.Context(), method: x.r.Method, route: x.eventRoute(), start: x.start, skey: skey, owner: owner}
 	st := new(handlerState)
-	cw := capturePool.Get().(*response.Capture)
+	cw := capturePool.Get().(*httprec.Capture)
 	cw.Reset(x.w, m.cfg.maxResp, m.omit)
 	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey}, m.cfg.ttl)
 	m.beats.start(&st.beat, x.r.Context(), skey, owner)
@@ -387,7 +391,7 @@ func (x *exchange) execute(next Next, skey, owner string) {
 		}
 	}()
 	began := time.Now()
-	next(cw, r, cw)
+	next(cw, r)
 	returned = true
 	m.runs.observe(x.route, time.Since(began))
 	f.end(st, cw, nil)
@@ -397,15 +401,15 @@ func (x *exchange) execute(next Next, skey, owner string) {
 
 // capturePool holds the Captures of finished executions: their header
 // snapshot and body buffer are reused.
-var capturePool = sync.Pool{New: func() any { return new(response.Capture) }}
+var capturePool = sync.Pool{New: func() any { return new(httprec.Capture) }}
 
 // replay answers with a stored record.
 func (x *exchange) replay(data []byte, skey string) {
-	status, err := response.ReplayBinary(x.w, data)
+	status, err := httprec.ReplayBinary(x.w, data)
 	switch {
-	case status == 0 && errors.Is(err, response.ErrCorrupt):
+	case status == 0 && errors.Is(err, httprec.ErrCorrupt):
 		x.refuse(StoreError, newError(ErrCorruptRecord, "The stored response for this idempotency key cannot be read.", 0, err))
-	case err == response.ErrNotReplayable:
+	case err == httprec.ErrNotReplayable:
 		x.notReplayable(notReplayable(status), skey)
 	default:
 		// err is the writer's, when the client went away mid-replay.
@@ -431,7 +435,7 @@ func (x *exchange) rebuild(skey string) bool {
 	}
 	h := x.w.Header()
 	h.Set(response.ReplayedHeader, "true")
-	cw := response.NewCapture(x.w, 0, nil) // for the status only
+	cw := httprec.NewCapture(x.w, 0, nil) // for the status only
 	r := handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key, StorageKey: skey}, 0)
 	if !m.cfg.rebuild(cw, r) {
 		h.Del(response.ReplayedHeader)

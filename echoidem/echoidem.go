@@ -50,7 +50,6 @@ import (
 	"sync/atomic"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/response"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 )
@@ -113,21 +112,21 @@ type call struct {
 }
 
 // serve is the handler that Middleware.Serve runs.
-func (x *call) serve(w http.ResponseWriter, r *http.Request, cw *response.Capture) {
+func (x *call) serve(w http.ResponseWriter, r *http.Request) {
 	c := x.c
 	c.SetRequest(r)
-	if cw == nil { // not protected: w is c.Response()
+	orig := c.Response()
+	if w == http.ResponseWriter(orig) { // not protected
 		x.err = x.next(c)
 		return
 	}
-	// cw writes to the original Response; the handlers get a new one on
-	// top of cw.
-	orig := c.Response()
-	res := x.newResponse(cw)
+	// w, the middleware's writer, writes to the original Response; the
+	// handlers get a new one on top of w.
+	res := x.newResponse(w)
 	c.SetResponse(res)
 	defer c.SetResponse(orig)
 	if herr := x.next(c); herr != nil {
-		c.Error(herr) // rendered into cw, so it is recorded
+		c.Error(herr) // rendered into w, so it is recorded
 	}
 	// Like Echo's own Context, the Response is reused once the handlers
 	// have returned (not after a panic).
@@ -135,10 +134,10 @@ func (x *call) serve(w http.ResponseWriter, r *http.Request, cw *response.Captur
 	responsePool.Put(res)
 }
 
-// newResponse returns a Response writing to cw, as echo.NewResponse does,
+// newResponse returns a Response writing to w, as echo.NewResponse does,
 // from responsePool. A fresh Response of c.Echo() is kept as a template
 // so that making one allocates nothing.
-func (x *call) newResponse(cw *response.Capture) *echo.Response {
+func (x *call) newResponse(w http.ResponseWriter) *echo.Response {
 	e := x.c.Echo()
 	t := x.tmpl.Load()
 	if t == nil || t.e != e {
@@ -147,7 +146,7 @@ func (x *call) newResponse(cw *response.Capture) *echo.Response {
 	}
 	res := responsePool.Get().(*echo.Response)
 	*res = t.res
-	res.Writer, res.Status = cw, http.StatusOK
+	res.Writer, res.Status = w, http.StatusOK
 	return res
 }
 

@@ -35,6 +35,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -56,14 +57,14 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 		gw := writerPool.Get().(*writer)
 		gw.base = base{w: orig}
 		ran := false
-		m.Serve(&gw.base, c.Request, c.FullPath(), func(w http.ResponseWriter, r *http.Request, cw *response.Capture) {
+		m.Serve(&gw.base, c.Request, c.FullPath(), func(w http.ResponseWriter, r *http.Request) {
 			ran = true
 			c.Request = r
-			if cw == nil { // not protected: the handlers keep c.Writer
+			if w == http.ResponseWriter(&gw.base) { // not protected: the handlers keep c.Writer
 				c.Next()
 				return
 			}
-			gw.cw, gw.status, gw.set, gw.size = cw, orig.Status(), false, -1
+			gw.cw, gw.status, gw.set, gw.size = w, orig.Status(), false, -1
 			c.Writer = gw
 			defer func() { c.Writer = orig }()
 			c.Next()
@@ -72,7 +73,7 @@ func Middleware(m *idem.Middleware) gin.HandlerFunc {
 				// set none and wrote nothing is left to the middleware, as
 				// on net/http (an implicit 200, or a release when it gave
 				// up on a canceled request).
-				cw.WriteHeader(gw.status)
+				w.WriteHeader(gw.status)
 			}
 		})
 		if !ran { // m answered itself: a replay or a refusal
@@ -165,8 +166,8 @@ func (s *sentStatus) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // response. Like Gin's own, it only records the status until the first
 // Write, WriteHeaderNow or Flush, and the last status recorded wins.
 type writer struct {
-	base   base // what m.Serve writes to
-	cw     *response.Capture
+	base   base                // what m.Serve writes to
+	cw     http.ResponseWriter // the middleware's, recording the response
 	status int
 	set    bool // WriteHeader was called
 	size   int  // -1 until the status is committed, then body bytes written
@@ -200,7 +201,7 @@ func (w *writer) Write(b []byte) (int, error) {
 
 func (w *writer) WriteString(s string) (int, error) {
 	w.WriteHeaderNow()
-	n, err := w.cw.WriteString(s)
+	n, err := io.WriteString(w.cw, s)
 	w.size += n
 	return n, err
 }
@@ -214,7 +215,7 @@ func (w *writer) Flush() { _ = w.FlushError() }
 // FlushError lets http.ResponseController report a writer that cannot flush.
 func (w *writer) FlushError() error {
 	w.WriteHeaderNow()
-	return w.cw.FlushError()
+	return http.NewResponseController(w.cw).Flush()
 }
 
 // errHijackAfterBody is Gin's answer to a Hijack after body bytes.
@@ -235,7 +236,7 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	size := w.size
 	w.size = 0
-	conn, rw, err := w.cw.Hijack()
+	conn, rw, err := http.NewResponseController(w.cw).Hijack()
 	if err != nil && w.base.intact() {
 		w.size = size
 	}
@@ -257,5 +258,5 @@ func (w *writer) Pusher() http.Pusher {
 	return p
 }
 
-// Unwrap returns the capture, for http.ResponseController.
+// Unwrap returns the middleware's writer, for http.ResponseController.
 func (w *writer) Unwrap() http.ResponseWriter { return w.cw }

@@ -19,7 +19,6 @@ import (
 	"reflect"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/response"
 )
 
 // Middleware returns net/http middleware that runs each protected request
@@ -31,9 +30,8 @@ func Middleware(m *idem.Middleware) func(http.Handler) http.Handler {
 	}
 	return func(next http.Handler) http.Handler {
 		mux, _ := next.(*http.ServeMux)
-		serve := func(w http.ResponseWriter, r *http.Request, _ *response.Capture) { next.ServeHTTP(w, r) }
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			m.Serve(w, r, route(mux, r), serve)
+			m.Serve(w, r, route(mux, r), next.ServeHTTP)
 		})
 	}
 }

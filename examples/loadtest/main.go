@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
@@ -127,7 +128,7 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 
 	// The floor: the store's operations without HTTP, with the same
 	// arguments the middleware passes.
-	rec := response.Record{Status: http.StatusCreated, Header: http.Header{
+	rec := httprec.Record{Status: http.StatusCreated, Header: http.Header{
 		"Content-Type": {"application/json"}, "Location": {"/orders/42"}, "X-Request-Id": {"2f1c7a9e-6f7d-4a8e-9f55-0d3c1b2a4e6f"},
 	}, Body: orderJSON}
 	encoded, err := rec.MarshalBinary()

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/jackc/pgx/v5"
@@ -96,7 +95,7 @@ func (a *app) serve(key string, h func(ctx context.Context) error) *httptest.Res
 		r.Header.Set("Idempotency-Key", `"`+key+`"`)
 	}
 	w := httptest.NewRecorder()
-	a.m.Serve(w, r, "/orders", func(w http.ResponseWriter, r *http.Request, _ *response.Capture) {
+	a.m.Serve(w, r, "/orders", func(w http.ResponseWriter, r *http.Request) {
 		a.runs.Add(1)
 		if err := h(r.Context()); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -22,7 +22,6 @@ import (
 	"github.com/idemkit/idem/internal/tests/pgxtest"
 	"github.com/idemkit/idem/internal/tests/redisx"
 	"github.com/idemkit/idem/nethttp"
-	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/pgstore"
@@ -424,7 +423,7 @@ func (s *setup) hold(tb testing.TB, key string) (release func()) {
 	started, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		s.m.Serve(c.w, c.r, s.adapter.route, func(http.ResponseWriter, *http.Request, *response.Capture) {
+		s.m.Serve(c.w, c.r, s.adapter.route, func(http.ResponseWriter, *http.Request) {
 			close(started)
 			<-stop
 		})

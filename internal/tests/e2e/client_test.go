@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemclient"
+	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/internal/redistest"
-	"github.com/idemkit/idem/response"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -516,9 +516,9 @@ func allExecutions(t testing.TB, ctx context.Context, rdb *redis.Client) (all []
 // doneRecords decodes every done record in a Redis store ('C', the
 // fingerprint's length, the fingerprint, the owner's length as a uvarint,
 // the owner, the record; see redisstore).
-func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []response.Record {
+func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []httprec.Record {
 	t.Helper()
-	var recs []response.Record
+	var recs []httprec.Record
 	iter := rdb.Scan(ctx, 0, "idem:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		v, err := rdb.Get(ctx, iter.Val()).Bytes()
@@ -531,7 +531,7 @@ func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []respons
 		if len(v) < 2 || v[0] != 'C' {
 			continue
 		}
-		var rec response.Record
+		var rec httprec.Record
 		n := 2 + int(v[1])
 		if len(v) < n {
 			t.Fatalf("%s: not a done record: %q", iter.Val(), v)

@@ -1,4 +1,4 @@
-package response
+package httprec
 
 import (
 	"errors"
@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/idemkit/idem/response"
 )
 
-// ReplayedHeader is the response header [Replay] sets to "true", so a client
-// can tell a replayed response from the original.
-const ReplayedHeader = "Idempotent-Replayed"
+// ReplayedHeader is the response header [Replay] sets to "true":
+// [response.ReplayedHeader].
+const ReplayedHeader = response.ReplayedHeader
 
 // ErrNotReplayable is returned by [Replay] for a record whose response was
 // not kept ([Record.NotReplayable]).

@@ -1,4 +1,4 @@
-package response_test
+package httprec_test
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 
+	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/response"
 )
 
@@ -20,7 +21,7 @@ func ExampleReplay() {
 
 	// First request: tee the response to the client and keep a copy.
 	first := httptest.NewRecorder()
-	c := response.NewCapture(first, 1<<20, nil)
+	c := httprec.NewCapture(first, 1<<20, nil)
 	handler(c, httptest.NewRequest(http.MethodPost, "/orders", nil))
 	c.Finish()
 	rec, ok := c.Record()
@@ -35,13 +36,13 @@ func ExampleReplay() {
 	}
 
 	// A retry: decode what was stored and replay it.
-	var again response.Record
+	var again httprec.Record
 	if err := again.UnmarshalBinary(stored); err != nil {
 		fmt.Println(err)
 		return
 	}
 	retry := httptest.NewRecorder()
-	if err := response.Replay(retry, &again); err != nil {
+	if err := httprec.Replay(retry, &again); err != nil {
 		fmt.Println(err)
 		return
 	}

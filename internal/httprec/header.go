@@ -1,4 +1,4 @@
-package response
+package httprec
 
 import (
 	"net/http"
@@ -74,20 +74,4 @@ func declares(trailer []string, name string) bool {
 		}
 	}
 	return false
-}
-
-// Innermost follows Unwrap (the method [http.ResponseController] uses) from
-// w down to the writer that has none, normally the server's own, and
-// returns it. Adapters ask it for the features a wrapper must not claim on
-// the inner writer's behalf (Hijacker, Pusher, CloseNotifier), and the
-// middleware hands it to [http.MaxBytesReader], which closes the
-// connection only through the server's own writer.
-func Innermost(w http.ResponseWriter) http.ResponseWriter {
-	for {
-		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
-		if !ok {
-			return w
-		}
-		w = u.Unwrap()
-	}
 }
