@@ -603,7 +603,7 @@ func TestFinishContext(t *testing.T) {
 		s := &hookStore{Store: mem}
 		s.complete = func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 			ctxSeen = ctx
-			if d, ok := ctx.Deadline(); !ok || d.Sub(time.Now()) != time.Minute {
+			if d, ok := ctx.Deadline(); !ok || time.Until(d) != time.Minute {
 				t.Errorf("deadline %v %v, want the lease from now", d, ok)
 			}
 			if ctx.Value(valueKey{}) != "v" {

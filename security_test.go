@@ -32,13 +32,13 @@ import (
 type secSpy struct {
 	storage.Store
 	acquires atomic.Int64
-	down     atomic.Bool // every call fails with secDown
+	down     atomic.Bool // every call fails with errSecDown
 	corrupt  atomic.Bool // a done entry's record comes back as garbage
 	mu       sync.Mutex
 	keys     map[string]bool
 }
 
-var secDown = errors.New("store down")
+var errSecDown = errors.New("store down")
 
 func newSecSpy(s storage.Store) *secSpy { return &secSpy{Store: s, keys: map[string]bool{}} }
 
@@ -48,7 +48,7 @@ func (s *secSpy) Acquire(ctx context.Context, key, owner, fp string, lease time.
 	s.keys[key] = true
 	s.mu.Unlock()
 	if s.down.Load() {
-		return storage.Result{}, secDown
+		return storage.Result{}, errSecDown
 	}
 	res, err := s.Store.Acquire(ctx, key, owner, fp, lease)
 	if err == nil && res.State == storage.Done && s.corrupt.Load() {
@@ -59,14 +59,14 @@ func (s *secSpy) Acquire(ctx context.Context, key, owner, fp string, lease time.
 
 func (s *secSpy) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 	if s.down.Load() {
-		return secDown
+		return errSecDown
 	}
 	return s.Store.Complete(ctx, key, owner, rec, ttl)
 }
 
 func (s *secSpy) Release(ctx context.Context, key, owner string) error {
 	if s.down.Load() {
-		return secDown
+		return errSecDown
 	}
 	return s.Store.Release(ctx, key, owner)
 }
@@ -386,7 +386,7 @@ func TestSecurityNoSecretsInErrorsOrEvents(t *testing.T) {
 		mux := http.NewServeMux()
 		h := func(f http.HandlerFunc) http.Handler { return nethttp.Middleware(m)(f) }
 		mux.Handle("/ok", h(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-		mux.Handle("/fail", h(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", 503) }))
+		mux.Handle("/fail", h(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) }))
 		mux.Handle("/big", h(func(w http.ResponseWriter, r *http.Request) { w.Write(bytes.Repeat([]byte("b"), 200)) }))
 		mux.Handle("/slow", h(func(w http.ResponseWriter, r *http.Request) {
 			n := leaseRuns.Add(1)

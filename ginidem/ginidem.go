@@ -247,6 +247,7 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // (never ready) when the underlying writer has none, as with an
 // httptest.ResponseRecorder, where Gin's own writer would panic.
 func (w *writer) CloseNotify() <-chan bool {
+	//lint:ignore SA1019 gin.ResponseWriter has CloseNotify: Gin's users may call it.
 	if cn, ok := response.Innermost(w.cw).(http.CloseNotifier); ok {
 		return cn.CloseNotify()
 	}

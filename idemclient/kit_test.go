@@ -81,17 +81,6 @@ func (k *kit) waitExecuted(t *testing.T) {
 	}
 }
 
-// outcomes returns the middleware's decisions so far.
-func (k *kit) outcomes() []idem.Outcome {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var o []idem.Outcome
-	for _, e := range k.events {
-		o = append(o, e.Outcome)
-	}
-	return o
-}
-
 // faultyStore fails Acquire while fail is positive, one call per unit, as
 // an unreachable store does: the middleware answers 503 with Retry-After.
 type faultyStore struct {

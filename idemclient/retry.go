@@ -83,6 +83,7 @@ func (t *Transport) retryAfter(resp *http.Response) (d time.Duration, ok bool) {
 // not speak TLS or refused the handshake, the host does not exist, or an
 // https request reached a plain-HTTP server.
 func retryableError(req *http.Request, err error) bool {
+	//lint:ignore SA1019 a caller's deprecated Cancel channel is honoured as well as its context.
 	if req.Context().Err() != nil || closed(req.Cancel) {
 		return false
 	}

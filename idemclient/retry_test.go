@@ -154,6 +154,7 @@ func TestRetryableError(t *testing.T) {
 	ch := make(chan struct{})
 	close(ch)
 	r2 := req.Clone(context.Background())
+	//lint:ignore SA1019 the deprecated Cancel channel is still honoured: tested.
 	r2.Cancel = ch
 	if retryableError(r2, io.EOF) {
 		t.Error("retried with the request's Cancel closed")
@@ -338,7 +339,8 @@ func TestContextStringHidesKey(t *testing.T) {
 		sent = r
 		return reply(r, 201), nil
 	})))
-	ctx := context.WithValue(context.Background(), struct{}{}, "v")
+	type ctxKey struct{}
+	ctx := context.WithValue(context.Background(), ctxKey{}, "v")
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://x/", nil)
 	resp, err := tr.RoundTrip(req)
 	if err != nil {

@@ -169,6 +169,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if resp != nil {
 			discard(resp)
 		}
+		//lint:ignore SA1019 a caller's deprecated Cancel channel is honoured as well as its context.
 		if err := t.sleep(c, r.Cancel, wait); err != nil {
 			if next != nil {
 				next.Close()

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -136,7 +135,7 @@ func startNetHTTP(t *testing.T) *netHTTP {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("the go command, to build the example: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "nethttp")
 	build := exec.Command(goBin, "build", "-o", bin, "github.com/idemkit/idem/examples/nethttp")

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -171,7 +170,8 @@ func consumerBinary(t testing.TB) string {
 	build.once.Do(func() {
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			build.err = fmt.Errorf("the go command, to build the program: %w", err)
+			return
 		}
 		if build.dir, build.err = os.MkdirTemp("", "idem-consumer-*"); build.err != nil {
 			return

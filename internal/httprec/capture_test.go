@@ -57,7 +57,8 @@ func TestCaptureInterfaces(t *testing.T) {
 	if _, ok := w.(io.ReaderFrom); ok {
 		t.Error("Capture implements io.ReaderFrom: io.Copy would bypass the capture")
 	}
-	if _, ok := w.(http.CloseNotifier); ok { //nolint:staticcheck // checking it is absent
+	//lint:ignore SA1019 checking that the deprecated interface is absent.
+	if _, ok := w.(http.CloseNotifier); ok {
 		t.Error("Capture implements http.CloseNotifier")
 	}
 	for name, ok := range map[string]bool{

@@ -368,8 +368,8 @@ func TestRecordEveryBitFlipIsCorrupt(t *testing.T) {
 			if status != 0 || !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("byte %d of %d, bit %d: ReplayBinary = %d, %v, want 0, ErrCorrupt", i, len(data), bit, status, err)
 			}
-			if rr.Code != 0 || len(rr.HeaderMap) > 0 || rr.Body.Len() > 0 || rr.Flushed {
-				t.Fatalf("byte %d, bit %d: ReplayBinary wrote status %d, header %v, body %q", i, bit, rr.Code, rr.HeaderMap, rr.Body)
+			if rr.Code != 0 || len(rr.Header()) > 0 || rr.Body.Len() > 0 || rr.Flushed {
+				t.Fatalf("byte %d, bit %d: ReplayBinary wrote status %d, header %v, body %q", i, bit, rr.Code, rr.Header(), rr.Body)
 			}
 		}
 	}

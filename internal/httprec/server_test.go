@@ -511,7 +511,7 @@ func TestCaptureAndReplayOnRealServer(t *testing.T) {
 		{
 			name: "WriteString",
 			handler: func(w http.ResponseWriter, r *http.Request) {
-				io.WriteString(w, string(htmlPage))
+				w.(io.StringWriter).WriteString(string(htmlPage))
 			},
 		},
 		{

@@ -265,7 +265,7 @@ var scenarios = []scenario{
 		var c counter
 		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {
 			if c.n.Load() == 1 {
-				http.Error(w, "db down", 503)
+				http.Error(w, "db down", http.StatusServiceUnavailable)
 				return
 			}
 			w.WriteHeader(201)

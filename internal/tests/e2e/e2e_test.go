@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,7 +58,8 @@ func serverBinary(t testing.TB) string {
 	build.once.Do(func() {
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			build.err = fmt.Errorf("the go command, to build the program: %w", err)
+			return
 		}
 		if build.dir, build.err = os.MkdirTemp("", "idem-e2e-*"); build.err != nil {
 			return
