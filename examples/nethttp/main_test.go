@@ -11,3 +11,8 @@ import (
 // TestDemo runs what `go run ./examples/nethttp -demo` runs, on the memory
 // store and on Redis.
 func TestDemo(t *testing.T) { demotest.Run(t, orders.New) }
+
+// TestREADMETranscript: the transcript in the README is what the demo
+// prints (its keys' run id and the server's address aside, which the README
+// fixes).
+func TestREADMETranscript(t *testing.T) { demotest.CheckREADME(t, orders.New) }

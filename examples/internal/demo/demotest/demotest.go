@@ -6,6 +6,8 @@ package demotest
 import (
 	"fmt"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +45,52 @@ func Run(t *testing.T, newServer demo.NewServer) {
 			}
 		}
 	})
+}
+
+// READMERun is the run id of the README's transcript: its keys are
+// order-1-READMERun and order-2-READMERun.
+const READMERun = "7d3f09a2"
+
+// CheckREADME runs the demo client on the memory store with the keys of
+// the README's transcript and requires, byte for byte, the transcript the
+// README shows after "The transcript shows", with the server's address
+// written as the README writes it (localhost:8080).
+func CheckREADME(t *testing.T, newServer demo.NewServer) {
+	t.Helper()
+	md, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, ok := transcript(string(md))
+	if !ok {
+		t.Fatal("README.md: no ```text block after \"The transcript shows\"")
+	}
+	store, closeStore := demo.OpenStore("")
+	t.Cleanup(closeStore)
+	s := Serve(t, newServer, store)
+	var out strings.Builder
+	if err := demo.ClientRun(&out, s.URL, READMERun); err != nil {
+		t.Fatalf("the demo client: %v\n%s", err, out.String())
+	}
+	got := strings.TrimSpace(strings.ReplaceAll(out.String(), s.URL, "localhost:8080"))
+	if got != want {
+		t.Errorf("the README's transcript is not what the demo prints.\nREADME.md:\n%s\n\nthe demo:\n%s", want, got)
+	}
+}
+
+// transcript returns the first ```text block of md after the sentence
+// that introduces the demo's transcript.
+func transcript(md string) (string, bool) {
+	_, rest, ok := strings.Cut(md, "The transcript shows")
+	if !ok {
+		return "", false
+	}
+	_, rest, ok = strings.Cut(rest, "```text\n")
+	if !ok {
+		return "", false
+	}
+	block, _, ok := strings.Cut(rest, "```")
+	return strings.TrimSpace(block), ok
 }
 
 // Server is an example application served on a loopback port.
