@@ -85,8 +85,13 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 	res, o, e := m.acquire(ctx, op, skey, owner, "", false)
 	switch o {
 	case Executed:
-		f := finish{m: m, ctx: ctx, route: op, start: start, skey: skey, owner: owner}
-		return f.do(key, fn)
+		x := &execution{finish: finish{m: m, caller: ctx, route: op, start: start, skey: skey, owner: owner}}
+		x.ctx.set(ctx, Info{Key: key, Owner: owner, Protected: true, StorageKey: skey}, m.cfg.ttl)
+		x.run(op, nil, fn)
+		if x.err != nil {
+			return nil, x.err
+		}
+		return x.result, nil
 	case Replayed:
 		var rec httprec.Record
 		switch err := rec.UnmarshalBinary(res.Record); {
@@ -107,47 +112,4 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 	}
 	m.emit(Event{Outcome: o, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
 	return nil, e
-}
-
-// do runs fn under the lease f holds and ends the execution as fn ended.
-func (f *finish) do(key string, fn func(ctx context.Context) ([]byte, error)) (result []byte, err error) {
-	m := f.m
-	m.work.add()
-	defer m.work.done()
-	st := new(handlerState)
-	st.ctx.set(f.ctx, Info{Key: key, Owner: f.owner, Protected: true, StorageKey: f.skey}, m.cfg.ttl)
-	m.beats.start(&st.beat, f.ctx, f.skey, f.owner)
-	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		p := recover() // nil after runtime.Goexit, as in exchange.execute
-		m.beats.stop(&st.beat)
-		perr := &PanicError{Value: p, Goexit: p == nil}
-		if st.ctx.done.Load() { // MarkDone: never released
-			f.keep(st, &httprec.Record{Status: 200, NotReplayable: true}, false, 0, true, perr)
-		} else {
-			f.release(st, Released, 0, perr)
-		}
-		if p != nil {
-			panic(p)
-		}
-	}()
-	began := time.Now()
-	result, err = fn(&st.ctx)
-	returned = true
-	m.runs.observe(f.route, time.Since(began))
-	m.beats.stop(&st.beat)
-	switch {
-	case err != nil && st.ctx.done.Load(): // MarkDone: never released
-		f.keep(st, &httprec.Record{Status: 200, NotReplayable: true}, false, 0, true, err)
-		return nil, err
-	case err != nil:
-		f.release(st, Released, 0, err)
-		return nil, err
-	}
-	rec := httprec.Record{Status: 200, Body: result}
-	f.keep(st, &rec, len(result) <= m.cfg.maxResp, 0, true, nil)
-	return result, nil
 }

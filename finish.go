@@ -52,61 +52,21 @@ func (e *PanicError) Unwrap() error {
 // buffers are reused.
 type finish struct {
 	m           *Middleware
-	ctx         context.Context // the request's, or Do's
+	caller      context.Context // the request's, or Do's
 	method      string          // the request's; "" for Do
 	route       string          // as events report it
 	start       time.Time       // of the middleware, for Event.Duration
 	skey, owner string
 }
 
-// end ends the execution of a request whose handler has returned (perr
-// nil) or panicked. It stops the lease's renewals and stores the response
-// or releases the key.
-//
-// Once any part of the response has gone towards the client, or the
-// handler called MarkDone, the execution is done and its key is never
-// released: what the client saw may be the effect of work that took
-// place, and a retry must not run it again. Only a handler that returned
-// normally with a status that is not cacheable (it says it did nothing)
-// and one that panicked or gave up before sending anything are released.
-func (f *finish) end(st *handlerState, cw *httprec.Capture, perr *PanicError) {
-	f.m.beats.stop(&st.beat)
-	marked := st.ctx.done.Load()
-	switch {
-	case perr != nil && (cw.Sent() || marked):
-		// The status line at least has gone out (or the handler said its
-		// work is done): the recovery middleware outside cannot answer
-		// again, and the client may have seen the work's effect.
-		f.keep(st, &httprec.Record{Status: cw.Status(), NotReplayable: true}, false, cw.Status(), true, perr)
-	case perr != nil:
-		// Nothing is sent on the handler's behalf: the recovery
-		// middleware outside answers.
-		f.release(st, Released, cw.Status(), perr)
-	case !cw.Committed() && !cw.Hijacked() && f.ctx.Err() != nil && !marked:
-		// The handler gave up on its request (the client went away, a
-		// deadline passed) and wrote nothing: taken as not done.
-		cw.Finish()
-		f.release(st, Canceled, cw.Status(), context.Cause(f.ctx))
-	default:
-		cw.Finish()
-		cacheable := cw.Hijacked() || f.m.cfg.cacheable(cw.Status())
-		if !cacheable && !marked {
-			f.release(st, Released, cw.Status(), nil)
-			return
-		}
-		rec, whole := cw.Record()
-		f.keep(st, &rec, whole && cacheable, cw.Status(), true, nil)
-	}
-}
-
 // release releases the key of an execution that ended with outcome
 // (Released or Canceled) for cause (nil after a normal return), the
 // lease's renewals stopped; status is the one sent, for the event.
-func (f *finish) release(st *handlerState, outcome Outcome, status int, cause error) {
-	m := f.m
-	st.fin.start(f.ctx, m.cfg.lease)
-	err := m.store.Release(&st.fin, f.skey, f.owner)
-	st.fin.stop()
+func (e *execution) release(outcome Outcome, status int, cause error) {
+	f, m := &e.finish, e.m
+	e.fin.start(f.caller, m.cfg.lease)
+	err := m.store.Release(&e.fin, f.skey, f.owner)
+	e.fin.stop()
 	if retryable(err) {
 		// The closure takes copies: capturing f would move it to the heap
 		// for every execution, not only for those that retry.
@@ -115,7 +75,7 @@ func (f *finish) release(st *handlerState, outcome Outcome, status int, cause er
 		return
 	}
 	outcome, err = settled(outcome, cause, err)
-	f.emit(f.ctx, outcome, status, err)
+	f.emit(f.caller, outcome, status, err)
 }
 
 // keep stores rec, the result of an execution whose lease's renewals have
@@ -127,7 +87,8 @@ func (f *finish) release(st *handlerState, outcome Outcome, status int, cause er
 // A record that cannot be encoded (a status outside 100..999, which no
 // adapter records) is kept as done but not replayable when something was
 // sent, and released when nothing was.
-func (f *finish) keep(st *handlerState, rec *httprec.Record, whole bool, status int, sent bool, cause error) {
+func (e *execution) keep(rec *httprec.Record, whole bool, status int, sent bool, cause error) {
+	f := &e.finish
 	outcome := Executed
 	if !whole {
 		outcome = NotReplayable
@@ -136,7 +97,7 @@ func (f *finish) keep(st *handlerState, rec *httprec.Record, whole bool, status 
 	b, buf, err := f.encode(rec)
 	if err != nil {
 		if !sent {
-			f.release(st, Released, status, errors.Join(cause, err))
+			e.release(Released, status, errors.Join(cause, err))
 			return
 		}
 		outcome = NotReplayable
@@ -144,9 +105,9 @@ func (f *finish) keep(st *handlerState, rec *httprec.Record, whole bool, status 
 		b, buf, err = f.encode(rec)
 	}
 	if err == nil {
-		st.fin.start(f.ctx, f.m.cfg.lease)
-		err = f.complete(&st.fin, b)
-		st.fin.stop()
+		e.fin.start(f.caller, f.m.cfg.lease)
+		err = f.complete(&e.fin, b)
+		e.fin.stop()
 		retrying := retryable(err)
 		if retrying {
 			kept := bytes.Clone(b) // b's pooled buffer goes back below
@@ -160,7 +121,7 @@ func (f *finish) keep(st *handlerState, rec *httprec.Record, whole bool, status 
 		}
 	}
 	outcome, err = settled(outcome, cause, err)
-	f.emit(f.ctx, outcome, status, err)
+	f.emit(f.caller, outcome, status, err)
 }
 
 // encode encodes rec into a pooled buffer, returned as buf for the caller
@@ -236,11 +197,11 @@ func (f *finish) later(outcome Outcome, status int, cause, first error, size int
 	m := f.m
 	if !m.pending.take(size) {
 		outcome, err := settled(outcome, cause, fmt.Errorf("%w: %w", ErrRetryDropped, first))
-		f.emit(f.ctx, outcome, status, err)
+		f.emit(f.caller, outcome, status, err)
 		return
 	}
 	fc := *f // the goroutine's own copy; f stays on the handler's stack
-	base := context.WithoutCancel(f.ctx)
+	base := context.WithoutCancel(f.caller)
 	deadline := time.Now().Add(m.cfg.lease)
 	drain := m.work.add()
 	go func() {

@@ -37,8 +37,8 @@ func TestKeepUnencodableRecord(t *testing.T) {
 		if res, err := mem.Acquire(ctx, "k", "owner-1", "", time.Minute); err != nil || res.State != storage.Acquired {
 			t.Fatal(res, err)
 		}
-		f := finish{m: m, ctx: ctx, skey: "k", owner: "owner-1"}
-		f.keep(new(handlerState), &httprec.Record{Status: 0}, true, 0, sent, nil) // status 0 cannot be encoded
+		e := &execution{finish: finish{m: m, caller: ctx, skey: "k", owner: "owner-1"}}
+		e.keep(&httprec.Record{Status: 0}, true, 0, sent, nil) // status 0 cannot be encoded
 		res, err := mem.Acquire(ctx, "k", "owner-2", "", time.Minute)
 		switch {
 		case err != nil:
@@ -76,8 +76,8 @@ func TestBackgroundRetriesBounded(t *testing.T) {
 			if _, err := mem.Acquire(ctx, key, owner, "", time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			f := finish{m: m, ctx: ctx, skey: key, owner: owner}
-			f.keep(new(handlerState), &httprec.Record{Status: 201}, true, 201, true, nil)
+			e := &execution{finish: finish{m: m, caller: ctx, skey: key, owner: owner}}
+			e.keep(&httprec.Record{Status: 201}, true, 201, true, nil)
 		}
 		ev := <-events // the second, at once
 		if ev.Outcome != StoreError || !errors.Is(ev.Err, ErrRetryDropped) {

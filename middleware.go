@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/httprec"
-	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 )
 
@@ -158,41 +156,6 @@ func (x *exchange) readBody() bool {
 	return true
 }
 
-// Shutdown waits until every execution the middleware started has ended:
-// each handler has returned and its response is stored (or its key
-// released), including the background retries that follow a store failure
-// (see [WithLease]). It makes those retries try again at once rather than
-// at their next backoff step. It returns nil when nothing is left, or,
-// when ctx ends first, an error wrapping ctx's error that says how many
-// executions were still unfinished: their keys stay locked until their
-// leases expire, and a retry after that runs the handler again.
-//
-// A deploy that stops the process without it can lose the record of a
-// handler that has finished: call it after http.Server.Shutdown has
-// returned (so no new request arrives and the handlers have returned), and
-// before closing the store:
-//
-//	srv.Shutdown(ctx) // stop accepting, wait for the handlers
-//	m.Shutdown(ctx)   // wait for their records to be stored
-//	store.Close()
-//
-// Requests served after Shutdown began are handled as usual, and Shutdown
-// waits for them too. It may be called more than once.
-func (m *Middleware) Shutdown(ctx context.Context) error {
-	idle := m.work.shutdown()
-	select {
-	case <-idle: // nothing left wins over an ended ctx
-		return nil
-	default:
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("idem: shutdown: %d executions not finished: %w", m.work.count(), context.Cause(ctx))
-	}
-}
-
 // protects reports whether requests with this method are protected.
 func (m *Middleware) protects(method string) bool {
 	for _, p := range m.cfg.methods {
@@ -238,213 +201,22 @@ func (x *exchange) run(next Next) {
 	}
 }
 
-// acquire is the protocol's first step, the same for a request and for
-// [Middleware.Do]: it takes the lease on skey for owner, waits while
-// another execution holds it (WithWait), and says what comes next:
-// Executed (run under the lease), Replayed (answer with res.Record),
-// FailedOpen (the store failed: run unprotected, e says why), or any
-// other outcome: refuse with e. route is the route (or operation) whose
-// handler durations estimate Retry-After; issued says the key must have
-// been issued (WithIssuedKeys).
-func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string, issued bool) (res storage.Result, o Outcome, e *Error) {
-	err := ctx.Err() // a context that has ended is refused alike with every store
-	if err == nil {
-		res, err = m.take(ctx, skey, owner, fp, issued)
-		if err == nil && res.State == storage.InFlight && m.cfg.wait > 0 && res.Fingerprint == fp {
-			res, err = m.wait(ctx, res, skey, owner, fp, issued)
-		}
-		if err != nil {
-			m.unlock(ctx, skey, owner, err)
-		}
-	}
-	switch {
-	case err != nil && ctx.Err() != nil:
-		// The caller's own context ended (the client gave up, or a
-		// deadline passed): not a store failure, and never a reason to
-		// run the handler unprotected.
-		return res, Canceled, newError(ErrCanceled, "The request was canceled before it could be processed; retry later.", time.Second, errors.Join(context.Cause(ctx), err))
-	case err != nil && m.cfg.failOpen:
-		return res, FailedOpen, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err)
-	case err != nil:
-		return res, StoreError, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err)
-	case res.State == storage.Acquired:
-		return res, Executed, nil
-	case res.State == storage.NotIssued:
-		return res, Rejected, newError(ErrKeyNotIssued, "This idempotency key was not issued to this client, or it has expired; get a new one.", 0, nil)
-	case res.Fingerprint != fp:
-		return res, Mismatch, newError(ErrMismatch, "This idempotency key was already used with a different request.", 0, nil)
-	case res.State == storage.InFlight:
-		return res, Conflict, newError(ErrConflict, "A request with this idempotency key is still being processed; retry later.", m.runs.retryAfter(route, res.LeaseLeft), nil)
-	case res.State == storage.Committed:
-		return res, Conflict, notReplayable(0)
-	}
-	return res, Replayed, nil
-}
-
-// notReplayable is the answer for a key whose execution completed without
-// a response to replay: a record stored as not replayable (status is the
-// one it had been sent with, or 0), or a committed entry whose response
-// was lost (storage.Committed). A request's retry gets WithRebuild's
-// answer instead, when it gives one.
-func notReplayable(status int) *Error {
-	detail := "The original request completed, but its response was not stored and cannot be replayed."
-	if status != 0 {
-		detail = fmt.Sprintf("The original request completed with status %d, but its response was not stored and cannot be replayed.", status)
-	}
-	return newError(ErrNotReplayable, detail, 0, nil)
-}
-
-// unlock releases, in the background, the lease an Acquire that failed
-// with err may have taken all the same: a call that timed out, or whose
-// connection broke, after the store ran it. The owner is this attempt's
-// own, so the release can free nothing else; without it the key would
-// stay locked for a whole lease. Refusals of the arguments or of room
-// created nothing. Shutdown waits for it; it is dropped when the
-// background work is at its bound (laterMax).
-func (m *Middleware) unlock(ctx context.Context, skey, owner string, err error) {
-	if errors.Is(err, storage.ErrInvalid) || errors.Is(err, storage.ErrFull) || !m.pending.take(0) {
-		return
-	}
-	base := context.WithoutCancel(ctx)
-	m.work.add()
-	go func() {
-		defer m.work.done()
-		defer m.pending.give(0)
-		ctx, cancel := context.WithTimeout(base, m.cfg.lease)
-		defer cancel()
-		_ = m.store.Release(ctx, skey, owner)
-	}()
-}
-
-// take is one Acquire, or AcquireIssued for a key that must have been
-// issued.
-func (m *Middleware) take(ctx context.Context, skey, owner, fp string, issued bool) (storage.Result, error) {
-	if issued {
-		return m.issuer.AcquireIssued(ctx, skey, owner, fp, m.cfg.lease)
-	}
-	return m.store.Acquire(ctx, skey, owner, fp, m.cfg.lease)
-}
-
-// wait polls the store until the execution in flight finishes or the wait
-// ends, starting from the InFlight result res. It returns the last Acquire
-// result, or ctx's error when ctx ends first.
-func (m *Middleware) wait(ctx context.Context, res storage.Result, skey, owner, fp string, issued bool) (storage.Result, error) {
-	deadline := time.Now().Add(m.cfg.wait)
-	delay := 5 * time.Millisecond
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for res.State == storage.InFlight {
-		left := time.Until(deadline)
-		if left <= 0 {
-			break
-		}
-		t.Reset(min(delay, left, res.LeaseLeft))
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-t.C:
-		}
-		delay = min(2*delay, 200*time.Millisecond)
-		var err error
-		if res, err = m.take(ctx, skey, owner, fp, issued); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
-}
-
-// handlerState is what a request the handler runs needs on the heap, in
-// one allocation: the context that carries its Info, its body, the context
-// of the store call that ends it, and its place in the heartbeat queue. It
-// is never reused: a handler may keep its request's context.
-type handlerState struct {
-	ctx  infoCtx
-	body bodyReader
-	fin  finishCtx
-	beat beat
-}
-
-// execute runs the handler under the lease, then ends the execution
-// (finish.go) however the handler ended.
+// execute runs the handler under the lease (execution.go).
 func (x *exchange) execute(next Next, skey, owner string) {
 	m := x.m
-	m.work.add()
-	defer m.work.done()
-	f := finish{m: m, ctx: x.r.Context(), method: x.r.Method, route: x.eventRoute(), start: x.start, skey: skey, owner: owner}
-	st := new(handlerState)
-	cw := capturePool.Get().(*httprec.Capture)
-	cw.Reset(x.w, m.cfg.maxResp, m.omit)
-	r := handlerRequest(x.r, x.body, st, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey}, m.cfg.ttl)
-	m.beats.start(&st.beat, x.r.Context(), skey, owner)
-	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		// The handler panicked, or called runtime.Goexit (recover then
-		// returns nil and the goroutine goes on unwinding; panic(nil) is
-		// a *runtime.PanicNilError since Go 1.21).
-		p := recover()
-		f.end(st, cw, &PanicError{Value: p, Goexit: p == nil})
-		if p != nil {
-			panic(p)
-		}
-	}()
-	began := time.Now()
-	next(cw, r)
-	returned = true
-	m.runs.observe(x.route, time.Since(began))
-	f.end(st, cw, nil)
-	cw.Reset(nil, 0, nil)
-	capturePool.Put(cw)
+	e := &execution{finish: finish{m: m, caller: x.r.Context(), method: x.r.Method,
+		route: x.eventRoute(), start: x.start, skey: skey, owner: owner}}
+	e.cw = capturePool.Get().(*httprec.Capture)
+	e.cw.Reset(x.w, m.cfg.maxResp, m.omit)
+	e.r = handlerRequest(x.r, x.body, &e.handlerState, Info{Key: x.key, Owner: owner, Protected: true, StorageKey: skey}, m.cfg.ttl)
+	e.run(x.route, next, nil)
+	e.cw.Reset(nil, 0, nil) // not after a panic, which goes on
+	capturePool.Put(e.cw)
 }
 
 // capturePool holds the Captures of finished executions: their header
 // snapshot and body buffer are reused.
 var capturePool = sync.Pool{New: func() any { return new(httprec.Capture) }}
-
-// replay answers with a stored record.
-func (x *exchange) replay(data []byte, skey string) {
-	status, err := httprec.ReplayBinary(x.w, data)
-	switch {
-	case status == 0 && errors.Is(err, httprec.ErrCorrupt):
-		x.refuse(StoreError, newError(ErrCorruptRecord, "The stored response for this idempotency key cannot be read.", 0, err))
-	case err == httprec.ErrNotReplayable:
-		x.notReplayable(notReplayable(status), skey)
-	default:
-		// err is the writer's, when the client went away mid-replay.
-		x.emit(Replayed, status, err)
-	}
-}
-
-// notReplayable answers a retry whose first execution completed without a
-// response to replay: with WithRebuild's answer, if it gives one, or else
-// with e, an ErrNotReplayable.
-func (x *exchange) notReplayable(e *Error, skey string) {
-	if !x.rebuild(skey) {
-		x.refuse(Conflict, e)
-	}
-}
-
-// rebuild answers a retry whose first execution completed without a kept
-// response through WithRebuild's function, if there is one and it answers.
-func (x *exchange) rebuild(skey string) bool {
-	m := x.m
-	if m.cfg.rebuild == nil {
-		return false
-	}
-	h := x.w.Header()
-	h.Set(response.ReplayedHeader, "true")
-	cw := httprec.NewCapture(x.w, 0, nil) // for the status only
-	r := handlerRequest(x.r, x.body, new(handlerState), Info{Key: x.key, StorageKey: skey}, 0)
-	if !m.cfg.rebuild(cw, r) {
-		h.Del(response.ReplayedHeader)
-		return false
-	}
-	cw.Finish()
-	x.emit(Rebuilt, cw.Status(), nil)
-	return true
-}
 
 // refuse writes e to the client and tells the observer.
 func (x *exchange) refuse(o Outcome, e *Error) {

@@ -1,6 +1,10 @@
 package idem
 
-import "sync"
+import (
+	"context"
+	"fmt"
+	"sync"
+)
 
 // work counts the executions in progress, from the lease taken to the
 // record stored, background retries included.
@@ -61,4 +65,39 @@ func (w *work) shutdown() <-chan struct{} {
 		w.idle = make(chan struct{})
 	}
 	return w.idle
+}
+
+// Shutdown waits until every execution the middleware started has ended:
+// each handler has returned and its response is stored (or its key
+// released), including the background retries that follow a store failure
+// (see [WithLease]). It makes those retries try again at once rather than
+// at their next backoff step. It returns nil when nothing is left, or,
+// when ctx ends first, an error wrapping ctx's error that says how many
+// executions were still unfinished: their keys stay locked until their
+// leases expire, and a retry after that runs the handler again.
+//
+// A deploy that stops the process without it can lose the record of a
+// handler that has finished: call it after http.Server.Shutdown has
+// returned (so no new request arrives and the handlers have returned), and
+// before closing the store:
+//
+//	srv.Shutdown(ctx) // stop accepting, wait for the handlers
+//	m.Shutdown(ctx)   // wait for their records to be stored
+//	store.Close()
+//
+// Requests served after Shutdown began are handled as usual, and Shutdown
+// waits for them too. It may be called more than once.
+func (m *Middleware) Shutdown(ctx context.Context) error {
+	idle := m.work.shutdown()
+	select {
+	case <-idle: // nothing left wins over an ended ctx
+		return nil
+	default:
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("idem: shutdown: %d executions not finished: %w", m.work.count(), context.Cause(ctx))
+	}
 }

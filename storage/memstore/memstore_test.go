@@ -1,9 +1,12 @@
 package memstore
 
 import (
+	"container/heap"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -478,11 +481,11 @@ func (s *Store) checkInvariants(t *testing.T) {
 	if len(s.entries) > s.max {
 		t.Errorf("%d entries over the bound of %d", len(s.entries), s.max)
 	}
-	if len(s.byExpiry) != len(s.entries) {
-		t.Fatalf("heap holds %d entries, map %d", len(s.byExpiry), len(s.entries))
+	if s.byExpiry.Len() != len(s.entries) {
+		t.Fatalf("heap holds %d entries, map %d", s.byExpiry.Len(), len(s.entries))
 	}
 	size := 0
-	for i, it := range s.byExpiry {
+	for i, it := range s.byExpiry.items {
 		e := it.e
 		if e.index != i || s.entries[e.key] != e {
 			t.Fatalf("heap[%d] = %q with index %d, not the map's entry", i, e.key, e.index)
@@ -490,7 +493,7 @@ func (s *Store) checkInvariants(t *testing.T) {
 		if it.at != e.expires.Sub(s.epoch) {
 			t.Fatalf("heap[%d] = %q: key %v, its expiry is at %v", i, e.key, it.at, e.expires.Sub(s.epoch))
 		}
-		if i > 0 && e.expires.Before(s.byExpiry[(i-1)/2].e.expires) {
+		if i > 0 && e.expires.Before(s.byExpiry.items[(i-1)/2].e.expires) {
 			t.Fatalf("heap order broken at %d", i)
 		}
 		if e.done != (e.record != nil) || (e.done && (e.owner == "" || e.issueTTL != 0)) {
@@ -542,26 +545,25 @@ func (s *Store) checkInvariants(t *testing.T) {
 func TestExpiryHeap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	base := time.Unix(1_700_000_000, 0)
-	var h expiryHeap
+	h := &expiryHeap{epoch: base}
 	at := func() time.Time { return base.Add(time.Duration(rng.IntN(1000)) * time.Millisecond) }
 	for step := range 5000 {
 		switch op := rng.IntN(4); {
-		case op == 0 || len(h) == 0:
-			e := &entry{expires: at()}
-			h.push(e, e.expires.Sub(base))
+		case op == 0 || h.Len() == 0:
+			heap.Push(h, &entry{expires: at()})
 		case op == 1:
-			i := rng.IntN(len(h))
-			h[i].e.expires = at()
-			h[i].at = h[i].e.expires.Sub(base)
-			h.fix(i)
+			i := rng.IntN(h.Len())
+			h.items[i].e.expires = at()
+			h.items[i].at = h.items[i].e.expires.Sub(base)
+			heap.Fix(h, i)
 		default:
-			h.remove(rng.IntN(len(h)))
+			heap.Remove(h, rng.IntN(h.Len()))
 		}
-		for i, it := range h {
+		for i, it := range h.items {
 			if it.e.index != i || it.at != it.e.expires.Sub(base) {
 				t.Fatalf("step %d: heap[%d] has index %d", step, i, it.e.index)
 			}
-			if i > 0 && it.e.expires.Before(h[(i-1)/2].e.expires) {
+			if i > 0 && it.e.expires.Before(h.items[(i-1)/2].e.expires) {
 				t.Fatalf("step %d: order broken at %d", step, i)
 			}
 		}
@@ -595,4 +597,31 @@ func TestIssueFloodKeepsDoneRecords(t *testing.T) {
 		t.Fatal("want the oldest issued entries evicted and the newest kept")
 	}
 	s.checkInvariants(t)
+}
+
+// BenchmarkFirstOnFullStore is a first execution's store calls (Acquire,
+// then Complete of 200 bytes) on a store that already holds 100,000 done
+// entries: the expiry heap's work at a realistic size.
+func BenchmarkFirstOnFullStore(b *testing.B) {
+	s := New()
+	b.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	rec := make([]byte, 200)
+	var n int
+	next := func() string { n++; return "key-" + strconv.Itoa(n) }
+	for range 100_000 {
+		k := next()
+		s.Acquire(ctx, k, "o", "fp", time.Minute)
+		s.Complete(ctx, k, "o", rec, time.Hour)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		k := next()
+		if _, err := s.Acquire(ctx, k, "o", "fp", time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Complete(ctx, k, "o", rec, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
