@@ -1,6 +1,6 @@
-// Package readme holds the test that every ```go block of the module's
-// README.md compiles against the module as it is. It has no code of its
-// own.
+// Package readme holds the test that every ```go block of the repository's
+// README.md and of its manual (docs/manual.md) compiles against the kit as
+// it is. It has no code of its own.
 //
 // A block with a package clause (usually package main) is a complete file:
 // it is built as it stands, as a package of its own, and must be

@@ -19,25 +19,28 @@ import (
 	"testing"
 )
 
-// TestREADME: every ```go block of README.md compiles (see the package
-// comment for the two kinds of block).
+// TestREADME: every ```go block of README.md and of the manual
+// (docs/manual.md) compiles (see the package comment for the two kinds of
+// block).
 func TestREADME(t *testing.T) {
 	t.Parallel()
 	goCmd := lookGo(t)
 	root := moduleRoot(t)
-	md, err := os.ReadFile(filepath.Join(root, "..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks, err := extract(string(md))
-	if err != nil {
-		t.Fatalf("README.md:%v", err)
-	}
-	if len(blocks) == 0 {
-		t.Fatal("README.md has no ```go block: the extraction is broken")
-	}
-	for _, err := range check(t, goCmd, root, "README.md", "readme", blocks) {
-		t.Error(err)
+	for _, doc := range []struct{ path, dir string }{{"README.md", "readme"}, {"docs/manual.md", "manual"}} {
+		md, err := os.ReadFile(filepath.Join(root, "..", "..", filepath.FromSlash(doc.path)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks, err := extract(string(md))
+		if err != nil {
+			t.Fatalf("%s:%v", doc.path, err)
+		}
+		if len(blocks) == 0 {
+			t.Fatalf("%s has no ```go block: the extraction is broken", doc.path)
+		}
+		for _, err := range check(t, goCmd, root, doc.path, doc.dir, blocks) {
+			t.Error(err)
+		}
 	}
 }
 
