@@ -44,4 +44,12 @@
 //
 // Refusals are RFC 9457 problem responses whose Kind is one of the Err
 // values below, so tests and error writers can use errors.Is.
+//
+// # Further reading
+//
+// The repository's manual (docs/manual.md) covers the options and their
+// defaults, events, deploys, the stores and exactly-once with PostgreSQL
+// (the storage.Committed state and pgstore's Fence), webhooks, forms, Do
+// for queue consumers, the retrying client and security; docs/guarantees.md
+// lists each promise with the end-to-end test that proves it.
 package idem

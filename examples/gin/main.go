@@ -2,40 +2,109 @@
 //
 //	go run ./examples/gin                      # serve on localhost:8080, memory store
 //	go run ./examples/gin -redis localhost:6379
-//	go run ./examples/gin -demo                # run a scripted client against it, then exit
+//	go run ./examples/gin -demo                # serve on a free port, run a scripted client against it, exit
 //
 // The same application as examples/nethttp. The middleware sits after
 // gin.Logger (which then logs replays and refusals with their real status)
 // and after gin.Recovery (so a panicking handler releases its key before
-// Recovery answers 500).
+// Recovery answers 500). This file is the program; demo.go is the scripted
+// client of -demo.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
+	addr := flag.String("addr", "localhost:8080", "listen address")
+	redisAddr := flag.String("redis", "", "Redis address (host:port); default: the in-memory store")
+	demo := flag.Bool("demo", false, "serve on a free port, run a scripted client against it, and exit")
+	flag.Parse()
+	log.SetFlags(0)
 	gin.SetMode(gin.ReleaseMode)
 	gin.DefaultWriter = os.Stderr // the access log; stdout is the demo's transcript
-	demo.Main(newServer)
+	if err := run(*addr, *redisAddr, *demo); err != nil {
+		log.Fatal(err)
+	}
 }
 
-// newServer builds the application: one protected endpoint. It returns the
-// middleware too, whose Shutdown demo.Main calls after the server's, so
-// that a deploy does not lose the record of a finished request.
-func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middleware, error) {
+// run serves until SIGINT or SIGTERM (with demo, on a free port while the
+// scripted client runs), then shuts down in the order a deploy needs.
+func run(addr, redisAddr string, demo bool) error {
+	var store storage.Store
+	storeName := "memory"
+	if redisAddr == "" {
+		ms := memstore.New()
+		defer ms.Close() // 3. the store, last
+		store = ms
+	} else {
+		// ClientOptions: a request gets its 503 within about half a second
+		// while Redis is unreachable.
+		rdb := redis.NewClient(redisstore.ClientOptions(redisAddr))
+		defer rdb.Close()
+		store, storeName = redisstore.New(rdb), "redis "+redisAddr
+	}
+	if demo {
+		addr = "127.0.0.1:0"
+	}
+	// clicks lets ?slow=1 show a double click (demo.go), for -demo and
+	// for examples/client, which drives this server.
+	h, m, err := newServer(store, os.Stderr, newDoubleClicks())
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+
+	var failed error
+	if demo {
+		failed = play(os.Stdout, "http://"+ln.Addr().String(), runID())
+	} else {
+		log.Printf("listening on http://%s (store: %s); try:\n  curl -i -X POST http://%[1]s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr(), storeName)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+	}
+	// 1. the server: no new request, the handlers return; 2. idem: every
+	// record stored, background retries included; 3. the store (deferred).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(failed, srv.Shutdown(ctx), m.Shutdown(ctx))
+}
+
+// newServer builds the application on store: one protected endpoint,
+// logging idem's decisions to logTo. clicks is the demo's hook (nil: none;
+// see demo.go). It returns the middleware too, for its Shutdown.
+func newServer(store storage.Store, logTo io.Writer, clicks *doubleClicks) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store,
-		idem.WithObserver(env.Observe),       // logs each decision
-		idem.WithErrorWriter(env.WriteError), // idem.WriteProblem; a 409 also ends the wait of ?slow=1
+		idem.WithObserver(func(ev idem.Event) {
+			fmt.Fprintf(logTo, "idem: %s %s -> %s %d (%v)\n", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
+		}),
+		idem.WithErrorWriter(clicks.writeError), // idem.WriteProblem; see demo.go
 	)
 	if err != nil {
 		return nil, nil, err
@@ -44,12 +113,15 @@ func newServer(store storage.Store, env *demo.Env) (http.Handler, *idem.Middlewa
 	r := gin.New()
 	r.Use(gin.Logger(), gin.Recovery(), ginidem.Middleware(m))
 	r.POST("/orders", func(c *gin.Context) {
-		var in demo.Order
+		var in struct {
+			Item   string `json:"item"`
+			Amount int    `json:"amount"`
+		}
 		if err := c.ShouldBindJSON(&in); err != nil {
 			c.JSON(http.StatusBadRequest, gin.H{"error": "bad JSON"})
 			return
 		}
-		env.Slow(c.Request) // ?slow=1 holds the request, to show a double click
+		clicks.hold(c.Request) // ?slow=1 waits for its duplicate's 409 (demo.go)
 		n := orders.Add(1)
 		c.Header("Location", fmt.Sprintf("/orders/%d", n))
 		c.JSON(http.StatusCreated, gin.H{"order": n, "item": in.Item, "amount": in.Amount, "handler_runs": n})

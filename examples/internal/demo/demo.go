@@ -1,9 +1,10 @@
-// Package demo is what the runnable examples (examples/nethttp,
-// examples/gin, examples/echo, and in part examples/postgres) share, so
-// that each example file shows only its own code: the flags, the choice of
-// store, the server loop ([Serve]) and a scripted client that plays a
-// retry, a reused key and a double click ([Client]), and a burst of
-// duplicates ([Duplicates]).
+// Package demo is what the examples that are not yet self-contained
+// (client, form, gateway, postgres, statemachine, webhooks) share;
+// examples/nethttp, examples/gin and examples/echo carry their own copy of
+// what they need (main.go, demo.go), so that a user can copy them. It
+// holds the flags, the choice of store, the server loop ([Serve]), a
+// scripted client that plays a retry, a reused key and a double click
+// ([Client]), and a burst of duplicates ([Duplicates]).
 //
 // Each example is the same application, an order endpoint:
 //

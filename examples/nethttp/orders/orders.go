@@ -1,6 +1,6 @@
-// Package orders is the application of examples/nethttp: one order
-// endpoint protected by idem on net/http. It is a package of its own so
-// that examples/client can serve it in-process and drive it.
+// Package orders is the order application that examples/client serves
+// in-process (the application of examples/nethttp, on package demo): one
+// order endpoint protected by idem on net/http.
 //
 //	POST /orders   {"item":"book","amount":12}
 //	-> 201 {"amount":12,"handler_runs":1,"item":"book","order":1}
