@@ -29,11 +29,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -41,10 +44,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
-	"github.com/idemkit/idem/examples/nethttp/orders"
 	"github.com/idemkit/idem/idemclient"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
@@ -66,14 +70,31 @@ func run(addr, redisAddr string, out, logw io.Writer) error {
 	if addr != "" {
 		return play(out, "http://"+strings.TrimPrefix(addr, "http://"))
 	}
-	store, closeStore := demo.OpenStore(redisAddr)
-	h, m, err := orders.New(store, demo.NewEnv(logw))
+	var store storage.Store
+	if redisAddr == "" {
+		ms := memstore.New()
+		defer ms.Close() // 3. the store, last
+		store = ms
+	} else {
+		rdb := redis.NewClient(redisstore.ClientOptions(redisAddr))
+		defer rdb.Close()
+		store = redisstore.New(rdb)
+	}
+	h, m, err := newServer(store, logw, newDoubleClicks())
 	if err != nil {
-		closeStore()
 		return err
 	}
-	app := demo.App{Handler: h, Middlewares: []*idem.Middleware{m}, CloseStore: closeStore, StoreName: demo.StoreName(redisAddr)}
-	return demo.Serve("", app, func(base string) error { return play(out, base) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	failed := play(out, "http://"+ln.Addr().String())
+	// 1. the server, 2. idem: every record stored, 3. the store (deferred).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(failed, srv.Shutdown(ctx), m.Shutdown(ctx))
 }
 
 // lossy is the client's network: it loses the response of the next
@@ -172,10 +193,9 @@ type player struct {
 // what happened to out, and returns an error for every call that did not
 // end as promised.
 func play(out io.Writer, base string) error {
-	run, err := demo.RunID()
-	if err != nil {
-		return err
-	}
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	run := hex.EncodeToString(rnd[:]) // this run's keys differ from every other run's
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	n := &lossy{base: tr}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idemkit/idem/examples/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demotest"
 )
 
 // TestRun runs what `go run ./examples/client` runs: the application of

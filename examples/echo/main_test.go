@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/idemkit/idem/examples/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demotest"
 	"github.com/idemkit/idem/storage"
 )
 
@@ -29,9 +29,9 @@ func start(t *testing.T, store storage.Store) (string, func()) {
 
 // TestDemo runs what `go run ./examples/echo -demo` runs, on the memory
 // store and on Redis.
-func TestDemo(t *testing.T) { demotest.RunPlay(t, start, play) }
+func TestDemo(t *testing.T) { demotest.Run(t, start, play) }
 
 // TestREADMETranscript: the transcript in the README is what the demo
 // prints (its keys' run id and the server's address aside, which the README
 // fixes).
-func TestREADMETranscript(t *testing.T) { demotest.CheckREADMEPlay(t, start, play) }
+func TestREADMETranscript(t *testing.T) { demotest.CheckREADME(t, start, play) }

@@ -26,6 +26,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"flag"
@@ -33,16 +34,21 @@ import (
 	"html/template"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // sessionCookie names the session; its value is the middleware's scope.
@@ -66,18 +72,43 @@ func main() {
 // scripted browser runs against it, writing its transcript to out). log
 // gets the middleware's decisions.
 func run(addr, redisAddr string, demoRun bool, out, logTo io.Writer) error {
-	store, closeStore := demo.OpenStore(redisAddr)
+	var store storage.Store
+	if redisAddr == "" {
+		ms := memstore.New()
+		defer ms.Close() // 3. the store, last
+		store = ms
+	} else {
+		rdb := redis.NewClient(redisstore.ClientOptions(redisAddr))
+		defer rdb.Close()
+		store = redisstore.New(rdb)
+	}
 	s, err := newShop(store, logTo)
 	if err != nil {
-		closeStore()
 		return err
 	}
-	var client func(base string) error
 	if demoRun {
-		client = func(base string) error { return browse(out, base) }
+		addr = "127.0.0.1:0"
 	}
-	return demo.Serve(addr, demo.App{Handler: s.routes(), Middlewares: []*idem.Middleware{s.m}, CloseStore: closeStore,
-		StoreName: demo.StoreName(redisAddr), Try: []string{"open http://%[1]s/ and submit the form twice"}}, client)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	var failed error
+	if demoRun {
+		failed = browse(out, "http://"+ln.Addr().String())
+	} else {
+		log.Printf("listening on http://%s; open it and submit the form twice", ln.Addr())
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+	}
+	// 1. the server: no new request, the handlers return; 2. idem: every
+	// record stored; 3. the store (deferred).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(failed, srv.Shutdown(ctx), s.m.Shutdown(ctx))
 }
 
 // shop is the application: a form and the endpoint it posts to.

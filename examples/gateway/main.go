@@ -33,6 +33,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -49,9 +50,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
@@ -60,41 +63,57 @@ func main() {
 	upstream := flag.String("upstream", "", "upstream base URL; default: a counting upstream started here")
 	redisAddr := flag.String("redis", "", "Redis address (host:port); default: the in-memory store")
 	flag.Parse()
+	if err := run(*addr, *upstream, *redisAddr); err != nil {
+		log.Fatal(err)
+	}
+}
 
-	if *upstream == "" {
+// run serves the gateway until SIGINT or SIGTERM, then shuts down in the
+// order a deploy needs.
+func run(addr, upstream, redisAddr string) error {
+	if upstream == "" {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			log.Fatal(err)
+			return err
 		}
 		go http.Serve(ln, countingUpstream())
-		*upstream = "http://" + ln.Addr().String()
+		upstream = "http://" + ln.Addr().String()
 	}
-	target, err := url.Parse(*upstream)
+	target, err := url.Parse(upstream)
 	if err != nil || target.Host == "" {
-		log.Fatalf("-upstream %q: not an absolute URL", *upstream)
+		return fmt.Errorf("-upstream %q: not an absolute URL", upstream)
 	}
-	store, closeStore := demo.OpenStore(*redisAddr)
+	var store storage.Store
+	if redisAddr == "" {
+		ms := memstore.New()
+		defer ms.Close() // 3. the store, last
+		store = ms
+	} else {
+		rdb := redis.NewClient(redisstore.ClientOptions(redisAddr))
+		defer rdb.Close()
+		store = redisstore.New(rdb)
+	}
 	h, m, err := newGateway(store, target)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	log.Printf("gateway on http://%s -> %s", ln.Addr(), target)
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 
-	// A deploy stops the gateway with SIGTERM: the server first (the
-	// requests in flight finish), then the middleware (their records are
-	// stored), then the store.
+	// A deploy stops the gateway with SIGTERM: 1. the server (the
+	// requests in flight finish), 2. the middleware (their records are
+	// stored), 3. the store (deferred).
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	<-ctx.Done()
 	stop()
-	if err := demo.Shutdown(srv, closeStore, 30*time.Second, m); err != nil {
-		log.Fatal(err)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(srv.Shutdown(ctx), m.Shutdown(ctx))
 }
 
 // newGateway returns a reverse proxy to target, protected by idem, and the

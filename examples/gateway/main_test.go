@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemkit/idem/examples/internal/demo"
+	"github.com/idemkit/idem/storage/memstore"
 )
 
 // TestGateway: a keyed POST reaches the upstream once, its retry is
@@ -20,8 +20,8 @@ func TestGateway(t *testing.T) {
 	up := httptest.NewServer(countingUpstream())
 	defer up.Close()
 	target, _ := url.Parse(up.URL)
-	store, closeStore := demo.OpenStore("")
-	defer closeStore()
+	store := memstore.New()
+	defer store.Close()
 	h, _, err := newGateway(store, target)
 	if err != nil {
 		t.Fatal(err)
@@ -119,8 +119,8 @@ func TestGatewayUnknownOutcomeNotResent(t *testing.T) {
 			}))
 			defer up.Close()
 			target, _ := url.Parse(up.URL)
-			store, closeStore := demo.OpenStore("")
-			defer closeStore()
+			store := memstore.New()
+			defer store.Close()
 			h, m, err := newGateway(store, target)
 			if err != nil {
 				t.Fatal(err)
@@ -185,8 +185,8 @@ func TestGatewayBodilessRequestSentOnce(t *testing.T) {
 	}))
 	defer up.Close()
 	target, _ := url.Parse(up.URL)
-	store, closeStore := demo.OpenStore("")
-	defer closeStore()
+	store := memstore.New()
+	defer store.Close()
 	h, m, err := newGateway(store, target)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/idemkit/idem/examples/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demotest"
 	"github.com/idemkit/idem/storage"
 )
 
@@ -29,4 +29,4 @@ func start(t *testing.T, store storage.Store) (string, func()) {
 
 // TestDemo runs what `go run ./examples/gin -demo` runs, on the memory
 // store and on Redis.
-func TestDemo(t *testing.T) { demotest.RunPlay(t, start, play) }
+func TestDemo(t *testing.T) { demotest.Run(t, start, play) }

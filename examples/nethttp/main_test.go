@@ -4,10 +4,12 @@ import (
 	"context"
 	"io"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
-	"github.com/idemkit/idem/examples/internal/demo/demotest"
+	"github.com/idemkit/idem/examples/internal/demotest"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
 )
 
 // start serves the application on store as main does with -demo.
@@ -29,9 +31,29 @@ func start(t *testing.T, store storage.Store) (string, func()) {
 
 // TestDemo runs what `go run ./examples/nethttp -demo` runs, on the memory
 // store and on Redis.
-func TestDemo(t *testing.T) { demotest.RunPlay(t, start, play) }
+func TestDemo(t *testing.T) { demotest.Run(t, start, play) }
 
 // TestREADMETranscript: the transcript in the README is what the demo
 // prints (its keys' run id and the server's address aside, which the README
 // fixes).
-func TestREADMETranscript(t *testing.T) { demotest.CheckREADMEPlay(t, start, play) }
+func TestREADMETranscript(t *testing.T) { demotest.CheckREADME(t, start, play) }
+
+// TestClientsAtOnce: three scripted clients at once against one server each
+// get their promised answers: every double click waits for its own 409.
+func TestClientsAtOnce(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	base, _ := start(t, store)
+	const clients = 3
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() { errs[i] = play(io.Discard, base, runID()) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("client %d: %v", i, err)
+		}
+	}
+}

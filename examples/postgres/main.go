@@ -74,15 +74,17 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
@@ -136,26 +138,42 @@ func run(c config, out, logw io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := open(ctx, pool, c.table, c.orders, demo.NewEnv(logw), log.New(logw, "", 0))
+	s, err := open(ctx, pool, c.table, c.orders, newDoubleClicks(), log.New(logw, "", 0))
 	if err != nil {
 		pool.Close()
 		return err
 	}
-	closeStore := func() {
-		s.store.Close()
-		pool.Close()
-	}
+	defer pool.Close() // 3. the store and its pool, last
+	defer s.store.Close()
 	h, m, err := s.server()
 	if err != nil {
-		closeStore()
 		return err
 	}
-	var client func(base string) error
+	addr := c.addr
 	if c.demo {
-		client = func(base string) error { return s.demoClient(out, base) }
+		addr = "127.0.0.1:0"
 	}
-	return demo.Serve(c.addr, demo.App{Handler: h, Middlewares: []*idem.Middleware{m}, CloseStore: closeStore,
-		StoreName: "postgres, tables " + s.store.Table() + " and " + c.orders}, client)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	var failed error
+	if c.demo {
+		failed = s.demoClient(out, "http://"+ln.Addr().String())
+	} else {
+		log.Printf("listening on http://%s (tables %s and %s); try:", ln.Addr(), s.store.Table(), c.orders)
+		log.Printf("  curl -i -X POST http://%s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr())
+		sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-sig.Done()
+		stop()
+	}
+	// 1. the server: no new request, the handlers return; 2. idem: every
+	// record stored; 3. the store and its pool (deferred).
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(failed, srv.Shutdown(ctx), m.Shutdown(ctx))
 }
 
 // ordersSchema is the orders table, for fmt with the table's name (an SQL
@@ -190,11 +208,11 @@ const (
 // service is the order service: its handlers, on one database that holds
 // both the orders and idem's entries.
 type service struct {
-	pool  *pgxpool.Pool
-	store *pgstore.Store
-	env   *demo.Env   // the examples' observer and error writer; ?slow=1
-	log   *log.Logger // the database's errors
-	sql   struct {
+	pool   *pgxpool.Pool
+	store  *pgstore.Store
+	clicks *doubleClicks // ?slow=1 for the demo's double click (demo.go)
+	log    *log.Logger   // the middleware's decisions and the database's errors
+	sql    struct {
 		insert, byKey, byID, count string
 	}
 	orders string // the orders table's name, as given
@@ -206,7 +224,7 @@ var tableName = regexp.MustCompile(`^(?:([a-z_][a-z0-9_]{0,62})\.)?([a-z_][a-z0-
 
 // open makes the service on pool: idem's store on table, the orders in
 // orders; it creates both tables unless they exist.
-func open(ctx context.Context, pool *pgxpool.Pool, table, orders string, env *demo.Env, logger *log.Logger) (*service, error) {
+func open(ctx context.Context, pool *pgxpool.Pool, table, orders string, clicks *doubleClicks, logger *log.Logger) (*service, error) {
 	m := tableName.FindStringSubmatch(orders)
 	if m == nil {
 		return nil, fmt.Errorf("-orders-table %q: want lower-case letters, digits and _ (at most 63, not starting with a digit), optionally after a schema and a dot", orders)
@@ -233,7 +251,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, table, orders string, env *de
 		store.Close()
 		return nil, fmt.Errorf("creating table %s: %w", orders, err)
 	}
-	s := &service{pool: pool, store: store, env: env, log: logger, orders: orders}
+	s := &service{pool: pool, store: store, clicks: clicks, log: logger, orders: orders}
 	t := id.Sanitize()
 	const columns = "id, item, amount, created_at"
 	// ON CONFLICT DO NOTHING: when the key has an order already, committed
@@ -256,8 +274,10 @@ func (s *service) options() []idem.Option {
 		// A retry of a request whose order committed but whose response
 		// was not stored gets the order from the table.
 		idem.WithRebuild(s.rebuild),
-		idem.WithObserver(s.env.Observe),       // logs each decision
-		idem.WithErrorWriter(s.env.WriteError), // idem.WriteProblem; a 409 also ends the wait of ?slow=1
+		idem.WithObserver(func(ev idem.Event) { // logs each decision
+			s.log.Printf("idem: %s %s -> %s %d (%v)", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
+		}),
+		idem.WithErrorWriter(s.clicks.writeError), // idem.WriteProblem; see demo.go
 	}
 }
 
@@ -313,6 +333,12 @@ func writeOrder(w http.ResponseWriter, status int, o order) {
 	w.Write(append(body, '\n'))
 }
 
+// orderIn is the request body of POST /orders.
+type orderIn struct {
+	Item   string `json:"item"`
+	Amount int    `json:"amount"`
+}
+
 // errExists: the request's key has an order already, made by another
 // execution of the request.
 var errExists = errors.New("an order exists for this idempotency key")
@@ -320,7 +346,7 @@ var errExists = errors.New("an order exists for this idempotency key")
 // create is POST /orders: it inserts the order and fences idem's entry in
 // one transaction.
 func (s *service) create(w http.ResponseWriter, r *http.Request) {
-	var in demo.Order
+	var in orderIn
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
 		s.fail(w, r, http.StatusBadRequest, "The body is not a JSON order: "+err.Error()+".", 0, err)
 		return
@@ -330,14 +356,14 @@ func (s *service) create(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("An order has an item of 1 to %d bytes and an amount from 1 to %d.", maxItem, maxAmount), 0, nil)
 		return
 	}
-	s.env.Slow(r) // ?slow=1 holds the request, for the demo's double click
+	s.clicks.hold(r) // ?slow=1 waits for its duplicate's 409 (demo.go)
 	o, err := s.insert(r.Context(), in)
 	switch {
 	case errors.Is(err, storage.ErrNotOwner):
 		// Fence: this execution lost its lease, and another holds the key
 		// now. Nothing was committed; the client's retry gets the other
 		// execution's answer.
-		s.env.WriteError(w, r, &idem.Error{Kind: idem.ErrConflict, Status: http.StatusConflict,
+		s.clicks.writeError(w, r, &idem.Error{Kind: idem.ErrConflict, Status: http.StatusConflict,
 			Title:      "Request in progress",
 			Detail:     "Another execution of this request holds its idempotency key; this one changed nothing. Retry to get its result.",
 			RetryAfter: time.Second, Err: err})
@@ -362,7 +388,7 @@ func (s *service) create(w http.ResponseWriter, r *http.Request) {
 // entry's row is locked for the shortest time. ctx is the request's: it
 // carries the idem.Info that Fence reads, and a client that goes away
 // cancels the transaction.
-func (s *service) insert(ctx context.Context, in demo.Order) (order, error) {
+func (s *service) insert(ctx context.Context, in orderIn) (order, error) {
 	info, _ := idem.FromContext(ctx)
 	var skey, key *string // NULL for a request idem does not protect (none here: WithRequireKey)
 	if info.Protected {
@@ -439,26 +465,23 @@ var errService = errors.New("order service")
 // so that the service's errors look like idem's: type about:blank, the
 // status's text as the title.
 func (s *service) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retryAfter time.Duration, cause error) {
-	s.env.WriteError(w, r, &idem.Error{Kind: errService, Status: status, Title: http.StatusText(status),
+	s.clicks.writeError(w, r, &idem.Error{Kind: errService, Status: status, Title: http.StatusText(status),
 		Detail: detail, RetryAfter: retryAfter, Err: cause})
 }
 
 // duplicates is how many identical requests the demo sends at once.
 const duplicates = 8
 
-// demoClient is the -demo script against base: demo.ClientRun's calls (an
-// order, its retry, the key with another body, a double click), a burst of
-// identical requests (demo.Duplicates), and then the rows of the orders
-// table for each key: one each.
+// demoClient is the -demo script against base: play's calls (an order,
+// its retry, the key with another body, a double click), a burst of
+// identical requests (burstOf), and then the rows of the orders table for
+// each key: one each.
 func (s *service) demoClient(out io.Writer, base string) error {
-	run, err := demo.RunID()
-	if err != nil {
-		return err
-	}
-	keys := []string{"order-1-" + run, "order-2-" + run, "order-3-" + run} // ClientRun's two, the burst's
+	run := runID()
+	keys := []string{"order-1-" + run, "order-2-" + run, "order-3-" + run} // play's two, the burst's
 	return errors.Join(
-		demo.ClientRun(out, base, run),
-		demo.Duplicates(out, base, keys[2], `{"item":"lamp","amount":40}`, duplicates),
+		play(out, base, run),
+		burstOf(out, base, keys[2], `{"item":"lamp","amount":40}`, duplicates),
 		s.showRows(out, keys),
 	)
 }

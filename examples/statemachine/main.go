@@ -38,20 +38,24 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
@@ -92,37 +96,52 @@ func run(c config, out, logw io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := open(ctx, pool, c.table, c.payments, demo.NewEnv(logw))
+	s, err := open(ctx, pool, c.table, c.payments)
 	if err != nil {
 		pool.Close()
 		return err
 	}
-	closeStore := func() {
-		s.store.Close()
-		pool.Close()
-	}
-	m, err := idem.New(s.store, idem.WithObserver(s.env.Observe), idem.WithErrorWriter(s.env.WriteError))
+	defer pool.Close() // 3. the store, last
+	defer s.store.Close()
+	logger := log.New(logw, "", 0)
+	m, err := idem.New(s.store, idem.WithObserver(func(ev idem.Event) { // logs each decision
+		logger.Printf("idem: %s %s -> %s %d (%v)", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
+	}))
 	if err != nil {
-		closeStore()
 		return err
 	}
-	var client func(base string) error
+	addr := c.addr
 	if c.demo {
-		client = func(base string) error { return script(out, base) }
+		addr = "127.0.0.1:0"
 	}
-	return demo.Serve(c.addr, demo.App{Handler: s.routes(m), Middlewares: []*idem.Middleware{m}, CloseStore: closeStore,
-		StoreName: "postgres, tables " + c.table + " and " + c.payments,
-		Try: []string{
-			`curl -i -X POST http://%[1]s/payments -H 'Content-Type: application/json' -d '{"amount":1250}'`,
-			`curl -i -X POST http://%[1]s/payments/1/capture -H 'Idempotency-Key: capture-1'`,
-		}}, client)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.routes(m), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	var failed error
+	if c.demo {
+		failed = script(out, "http://"+ln.Addr().String())
+	} else {
+		log.Printf("listening on http://%s (tables %s and %s); try:", ln.Addr(), c.table, c.payments)
+		log.Printf("  curl -i -X POST http://%s/payments -H 'Content-Type: application/json' -d '{\"amount\":1250}'", ln.Addr())
+		log.Printf("  curl -i -X POST http://%s/payments/1/capture -H 'Idempotency-Key: capture-1'", ln.Addr())
+		sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-sig.Done()
+		stop()
+	}
+	// 1. the server: no new request, the handlers return; 2. idem: every
+	// record stored; 3. the store and its pool (deferred).
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(failed, srv.Shutdown(ctx), m.Shutdown(ctx))
 }
 
 // service is the payment service.
 type service struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
-	env   *demo.Env
 	sql   struct{ create, capture, get string }
 }
 
@@ -137,7 +156,7 @@ const paymentsSchema = `CREATE TABLE IF NOT EXISTS %s (
 // open makes the service, creating idem's table and the payments table
 // unless they exist (under an advisory lock: instances starting together
 // would trip over each other's CREATE TABLE).
-func open(ctx context.Context, pool *pgxpool.Pool, table, payments string, env *demo.Env) (*service, error) {
+func open(ctx context.Context, pool *pgxpool.Pool, table, payments string) (*service, error) {
 	store, err := pgstore.New(pool, pgstore.WithTable(table))
 	if err != nil {
 		return nil, fmt.Errorf("-table: %w", err)
@@ -152,7 +171,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, table, payments string, env *
 		store.Close()
 		return nil, fmt.Errorf("creating table %s: %w", payments, err)
 	}
-	s := &service{pool: pool, store: store, env: env}
+	s := &service{pool: pool, store: store}
 	const cols = " RETURNING id, state, amount, version"
 	s.sql.create = "INSERT INTO " + t + " (amount) VALUES ($1)" + cols
 	// The transition: from pending only. Under READ COMMITTED a concurrent
@@ -195,7 +214,7 @@ func write(w http.ResponseWriter, status int, p payment) {
 
 // fail answers with an RFC 9457 problem through the kit's error writer.
 func (s *service) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retry time.Duration) {
-	s.env.WriteError(w, r, &idem.Error{Kind: errPayment, Status: status, Title: http.StatusText(status), Detail: detail, RetryAfter: retry})
+	idem.WriteProblem(w, r, &idem.Error{Kind: errPayment, Status: status, Title: http.StatusText(status), Detail: detail, RetryAfter: retry})
 }
 
 // errPayment is the Kind of the service's own problems.
@@ -295,10 +314,9 @@ func (s *service) transition(ctx context.Context, id int64) (payment, error) {
 // script is the demo's client: it creates a payment, captures it, retries
 // the capture with the same key, then captures it with another key.
 func script(out io.Writer, base string) error {
-	run, err := demo.RunID()
-	if err != nil {
-		return err
-	}
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	run := hex.EncodeToString(rnd[:]) // this run's keys differ from every other run's
 	res, err := http.Post(base+"/payments", "application/json", strings.NewReader(`{"amount":1250}`))
 	if err != nil {
 		return err

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/tests/pgxtest"
 )
@@ -46,12 +45,12 @@ func TestDemo(t *testing.T) {
 func server(t *testing.T) (*service, string) {
 	t.Helper()
 	pool := pgxtest.Pool(t)
-	s, err := open(context.Background(), pool, pgxtest.Table(t, pool), pgxtest.Table(t, pool), demo.NewEnv(io.Discard))
+	s, err := open(context.Background(), pool, pgxtest.Table(t, pool), pgxtest.Table(t, pool))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.store.Close() })
-	m, err := idem.New(s.store, idem.WithErrorWriter(s.env.WriteError))
+	m, err := idem.New(s.store)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,21 +83,28 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/memstore"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // options is what the command line sets.
@@ -158,18 +165,46 @@ func run(o options, out, logw io.Writer) error {
 	if o.demo {
 		c.hold = g.hold // the demo's handlers are slow while a burst arrives
 	}
-	store, closeStore := demo.OpenStore(o.redis)
+	var store storage.Store
+	if o.redis == "" {
+		ms := memstore.New()
+		defer ms.Close() // 3. the store, last
+		store = ms
+	} else {
+		rdb := redis.NewClient(redisstore.ClientOptions(o.redis))
+		defer rdb.Close()
+		store = redisstore.New(rdb)
+	}
 	a, err := newApp(store, c, logw)
 	if err != nil {
-		closeStore()
 		return err
 	}
-	var client func(base string) error
+	addr := o.addr
 	if o.demo {
-		client = func(base string) error { return play(out, base, o.secrets, a.ledger, g) }
+		addr = "127.0.0.1:0"
 	}
-	return demo.Serve(o.addr, demo.App{Handler: a, Middlewares: a.middlewares, CloseStore: closeStore, StoreName: demo.StoreName(o.redis),
-		Try: []string{"POST /stripe, POST /alipay, POST /github on http://%[1]s, signed (see -demo)"}}, client)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	var failed error
+	if o.demo {
+		failed = play(out, "http://"+ln.Addr().String(), o.secrets, a.ledger, g)
+	} else {
+		log.Printf("listening on http://%s: POST /stripe, POST /alipay, POST /github, signed (see -demo)", ln.Addr())
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := []error{failed, srv.Shutdown(ctx)} // 1. the server
+	for _, m := range a.middlewares {
+		errs = append(errs, m.Shutdown(ctx)) // 2. each middleware
+	}
+	return errors.Join(errs...)
 }
 
 // config is what the receivers need besides their store.
@@ -210,7 +245,6 @@ func newApp(store storage.Store, c config, logw io.Writer) (*app, error) {
 		c.now = time.Now
 	}
 	a := &app{ledger: newLedger(), hold: c.hold}
-	env := demo.NewEnv(logw)
 	logger := log.New(logw, "", 0)
 	mux := http.NewServeMux()
 	for _, rc := range []receiver{
@@ -241,7 +275,9 @@ func newApp(store storage.Store, c config, logw io.Writer) (*app, error) {
 			idem.WithScope(providerScope(rc.provider)),
 			idem.WithTTL(rc.ttl),
 			idem.WithMaxRequestBody(maxBody),
-			idem.WithObserver(env.Observe), // logs each decision
+			idem.WithObserver(func(ev idem.Event) { // logs each decision
+				logger.Printf("idem: %s %s -> %s %d (%v)", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
+			}),
 		)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", rc.provider, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 // burst is how many copies of an event the demo delivers at once: the
@@ -90,13 +89,12 @@ func (g *gate) close() (open func()) {
 // handlers call. It returns an error describing every answer that was not
 // the promised one and every event not processed exactly once.
 //
-// The events' ids are made of 8 random hex digits ([demo.RunID]), so that
-// runs can follow one another against one Redis.
+// The events' ids are made of 8 random hex digits, so that runs can
+// follow one another against one Redis.
 func play(out io.Writer, base string, s secrets, l *ledger, g *gate) error {
-	run, err := demo.RunID()
-	if err != nil {
-		return err
-	}
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	run := hex.EncodeToString(rnd[:])
 	p := &player{out: out, base: base, client: &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}, gate: g}
 	defer p.client.CloseIdleConnections()
 	var events []string // the ledger's events, each to be processed once

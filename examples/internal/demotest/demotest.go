@@ -1,14 +1,14 @@
 // Package demotest checks an example application with its scripted
-// client, on the memory store and on Redis (miniredis), so that the
-// README's demo command keeps telling the truth, however often it runs.
-// The examples that still start from package demo use Run and
-// CheckREADME; the self-contained ones give their own Start and Play.
+// client (the -demo of examples/nethttp, gin and echo), on the memory store
+// and on Redis (miniredis), so that the README's demo command keeps
+// telling the truth, however often it runs.
 package demotest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +16,6 @@ import (
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idemkit/idem/examples/internal/demo"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -33,13 +32,13 @@ type Start func(t *testing.T, store storage.Store) (base string, stop func())
 // out, and returns an error for any answer that is not the promised one.
 type Play func(out io.Writer, base, run string) error
 
-// RunPlay serves the application with start and runs play against it; any
+// Run serves the application with start and runs play against it; any
 // answer other than the promised one fails t. On the memory store the
 // client runs twice against one server, as a second run in one process
 // does; on Redis two servers, one after the other, each run it once
 // against the same Redis, as two runs of `go run ./examples/... -demo
 // -redis host:port` do.
-func RunPlay(t *testing.T, start Start, play Play) {
+func Run(t *testing.T, start Start, play Play) {
 	t.Run("memory", func(t *testing.T) {
 		store := memstore.New()
 		t.Cleanup(func() { store.Close() })
@@ -70,11 +69,9 @@ func RunPlay(t *testing.T, start Start, play Play) {
 func check(t *testing.T, play Play, base string, run int) string {
 	t.Helper()
 	var out strings.Builder
-	id, err := demo.RunID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := play(&out, base, id); err != nil {
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	if err := play(&out, base, hex.EncodeToString(rnd[:])); err != nil {
 		t.Errorf("run %d: %v\ntranscript:%s", run, err, out.String())
 		return out.String()
 	}
@@ -90,34 +87,15 @@ func check(t *testing.T, play Play, base string, run int) string {
 	return got
 }
 
-// Run is RunPlay for an application of package demo, with demo's client.
-func Run(t *testing.T, newServer demo.NewServer) {
-	RunPlay(t, demoStart(newServer), demo.ClientRun)
-}
-
-// demoStart is the Start of an application of package demo.
-func demoStart(newServer demo.NewServer) Start {
-	return func(t *testing.T, store storage.Store) (string, func()) {
-		s := Serve(t, newServer, store)
-		return s.URL, s.Close
-	}
-}
-
 // READMERun is the run id of the README's transcript: its keys are
 // order-1-READMERun and order-2-READMERun.
 const READMERun = "7d3f09a2"
 
-// CheckREADME is CheckREADMEPlay for an application of package demo.
-func CheckREADME(t *testing.T, newServer demo.NewServer) {
-	t.Helper()
-	CheckREADMEPlay(t, demoStart(newServer), demo.ClientRun)
-}
-
-// CheckREADMEPlay runs play on the memory store with the keys of the
+// CheckREADME runs play on the memory store with the keys of the
 // README's transcript and requires, byte for byte, the transcript the
 // README shows after "The transcript shows", with the server's address
 // written as the README writes it (localhost:8080).
-func CheckREADMEPlay(t *testing.T, start Start, play Play) {
+func CheckREADME(t *testing.T, start Start, play Play) {
 	t.Helper()
 	md, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
@@ -153,33 +131,6 @@ func transcript(md string) (string, bool) {
 	}
 	block, _, ok := strings.Cut(rest, "```")
 	return strings.TrimSpace(block), ok
-}
-
-// Server is an example application served on a loopback port.
-type Server struct {
-	*httptest.Server
-	log *Buffer // the middleware's decisions
-}
-
-// Serve builds the application with newServer on store and serves it until
-// the test ends (or Close).
-func Serve(t *testing.T, newServer demo.NewServer, store storage.Store) *Server {
-	t.Helper()
-	log := new(Buffer)
-	h, _, err := newServer(store, demo.NewEnv(log))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{Server: httptest.NewServer(h), log: log}
-	t.Cleanup(s.Close)
-	return s
-}
-
-// Check runs demo's client against s, checks its transcript and returns
-// it; run counts the earlier runs against s (see check).
-func (s *Server) Check(t *testing.T, run int) string {
-	t.Helper()
-	return check(t, demo.ClientRun, s.URL, run)
 }
 
 // Buffer is an output (a server's log, a program's transcript) that one

@@ -5,9 +5,9 @@
 // request (Acquire then Complete for a first execution, one Acquire for a
 // replay).
 //
-//	go run ./examples/loadtest                            # memory store, 3 s per phase
-//	go run ./examples/loadtest -store redis               # starts a redis-server from PATH
-//	go run ./examples/loadtest -store redis -redis localhost:6379 -duration 5s -concurrency 32
+//	go run ./internal/tests/loadtest                            # memory store, 3 s per phase
+//	go run ./internal/tests/loadtest -store redis               # starts a redis-server from PATH
+//	go run ./internal/tests/loadtest -store redis -redis localhost:6379 -duration 5s -concurrency 32
 //
 // It serves a protected POST handler (201, three headers, a 200-byte JSON
 // body) and the same handler bare on a loopback port, runs each phase for
