@@ -34,6 +34,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idemkit/idem/examples/democlient"
 	"io"
 	"log"
 	"net"
@@ -80,7 +81,7 @@ func run(addr, redisAddr string, out, logw io.Writer) error {
 		defer rdb.Close()
 		store = redisstore.New(rdb)
 	}
-	h, m, err := newServer(store, logw, newDoubleClicks())
+	h, m, err := newServer(store, logw, democlient.NewClicks())
 	if err != nil {
 		return err
 	}

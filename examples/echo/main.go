@@ -9,8 +9,7 @@
 // status) and after Recover (so a panicking handler releases its key before
 // Recover answers 500). A handler's returned error, here the 400 for a bad
 // body, is rendered inside the middleware, so it is stored and replayed
-// like any other response. This file is the program; demo.go is the
-// scripted client of -demo.
+// like any other response. -demo runs the scripted client of package democlient.
 package main
 
 import (
@@ -30,6 +29,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/examples/democlient"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -68,9 +68,9 @@ func run(addr, redisAddr string, demo bool) error {
 	if demo {
 		addr = "127.0.0.1:0"
 	}
-	// clicks lets ?slow=1 show a double click (demo.go), for -demo and
+	// democlient's Clicks lets ?slow=1 show a double click, for -demo and
 	// for examples/client, which drives this server.
-	h, m, err := newServer(store, os.Stderr, newDoubleClicks())
+	h, m, err := newServer(store, os.Stderr, democlient.NewClicks())
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func run(addr, redisAddr string, demo bool) error {
 
 	var failed error
 	if demo {
-		failed = play(os.Stdout, "http://"+ln.Addr().String(), runID())
+		failed = democlient.Play(os.Stdout, "http://"+ln.Addr().String(), democlient.RunID())
 	} else {
 		log.Printf("listening on http://%s (store: %s); try:\n  curl -i -X POST http://%[1]s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr(), storeName)
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -99,13 +99,13 @@ func run(addr, redisAddr string, demo bool) error {
 
 // newServer builds the application on store: one protected endpoint,
 // logging idem's decisions to logTo. clicks is the demo's hook (nil: none;
-// see demo.go). It returns the middleware too, for its Shutdown.
-func newServer(store storage.Store, logTo io.Writer, clicks *doubleClicks) (http.Handler, *idem.Middleware, error) {
+// see package democlient). It returns the middleware too, for its Shutdown.
+func newServer(store storage.Store, logTo io.Writer, clicks *democlient.Clicks) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store,
 		idem.WithObserver(func(ev idem.Event) {
 			fmt.Fprintf(logTo, "idem: %s %s -> %s %d (%v)\n", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
 		}),
-		idem.WithErrorWriter(clicks.writeError), // idem.WriteProblem; see demo.go
+		idem.WithErrorWriter(clicks.WriteError), // idem.WriteProblem; democlient adds the double click
 	)
 	if err != nil {
 		return nil, nil, err
@@ -122,7 +122,7 @@ func newServer(store storage.Store, logTo io.Writer, clicks *doubleClicks) (http
 		if err := c.Bind(&in); err != nil {
 			return echo.NewHTTPError(http.StatusBadRequest, "bad JSON")
 		}
-		clicks.hold(c.Request()) // ?slow=1 waits for its duplicate's 409 (demo.go)
+		clicks.Hold(c.Request()) // ?slow=1 waits for its duplicate's 409 (democlient)
 		n := orders.Add(1)
 		c.Response().Header().Set("Location", fmt.Sprintf("/orders/%d", n))
 		return c.JSON(http.StatusCreated, map[string]any{"order": n, "item": in.Item, "amount": in.Amount, "handler_runs": n})

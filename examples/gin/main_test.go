@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/idemkit/idem/examples/democlient"
 	"io"
 	"net/http/httptest"
 	"testing"
@@ -12,7 +13,7 @@ import (
 
 // start serves the application on store as main does with -demo.
 func start(t *testing.T, store storage.Store) (string, func()) {
-	h, m, err := newServer(store, io.Discard, newDoubleClicks())
+	h, m, err := newServer(store, io.Discard, democlient.NewClicks())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,4 +30,4 @@ func start(t *testing.T, store storage.Store) (string, func()) {
 
 // TestDemo runs what `go run ./examples/gin -demo` runs, on the memory
 // store and on Redis.
-func TestDemo(t *testing.T) { demotest.Run(t, start, play) }
+func TestDemo(t *testing.T) { demotest.Run(t, start, democlient.Play) }

@@ -5,8 +5,8 @@
 //	go run ./examples/nethttp -demo            # serve on a free port, run a scripted client against it, exit
 //
 // POST /orders creates an order and answers with its number; handler_runs
-// shows how many times the handler really ran. This file is the program;
-// demo.go is the scripted client of -demo. examples/gin and examples/echo
+// shows how many times the handler really ran. -demo runs the scripted
+// client of package democlient against it. examples/gin and examples/echo
 // are the same application on Gin and Echo.
 package main
 
@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/democlient"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
@@ -64,9 +65,9 @@ func run(addr, redisAddr string, demo bool) error {
 	if demo {
 		addr = "127.0.0.1:0"
 	}
-	// clicks lets ?slow=1 show a double click (demo.go), for -demo and
+	// democlient's Clicks lets ?slow=1 show a double click, for -demo and
 	// for examples/client, which drives this server.
-	h, m, err := newServer(store, os.Stderr, newDoubleClicks())
+	h, m, err := newServer(store, os.Stderr, democlient.NewClicks())
 	if err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func run(addr, redisAddr string, demo bool) error {
 
 	var failed error
 	if demo {
-		failed = play(os.Stdout, "http://"+ln.Addr().String(), runID())
+		failed = democlient.Play(os.Stdout, "http://"+ln.Addr().String(), democlient.RunID())
 	} else {
 		log.Printf("listening on http://%s (store: %s); try:\n  curl -i -X POST http://%[1]s/orders -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{\"item\":\"book\",\"amount\":12}'", ln.Addr(), storeName)
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -95,13 +96,13 @@ func run(addr, redisAddr string, demo bool) error {
 
 // newServer builds the application on store: one protected endpoint,
 // logging idem's decisions to logTo. clicks is the demo's hook (nil: none;
-// see demo.go). It returns the middleware too, for its Shutdown.
-func newServer(store storage.Store, logTo io.Writer, clicks *doubleClicks) (http.Handler, *idem.Middleware, error) {
+// see package democlient). It returns the middleware too, for its Shutdown.
+func newServer(store storage.Store, logTo io.Writer, clicks *democlient.Clicks) (http.Handler, *idem.Middleware, error) {
 	m, err := idem.New(store,
 		idem.WithObserver(func(ev idem.Event) {
 			fmt.Fprintf(logTo, "idem: %s %s -> %s %d (%v)\n", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
 		}),
-		idem.WithErrorWriter(clicks.writeError), // idem.WriteProblem; see demo.go
+		idem.WithErrorWriter(clicks.WriteError), // idem.WriteProblem; democlient adds the double click
 	)
 	if err != nil {
 		return nil, nil, err
@@ -116,7 +117,7 @@ func newServer(store storage.Store, logTo io.Writer, clicks *doubleClicks) (http
 			http.Error(w, "bad JSON", http.StatusBadRequest)
 			return
 		}
-		clicks.hold(r) // ?slow=1 waits for its duplicate's 409 (demo.go)
+		clicks.Hold(r) // ?slow=1 waits for its duplicate's 409 (democlient)
 		n := orders.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/idemkit/idem/examples/democlient"
 	"io"
 	"net/http/httptest"
 	"sync"
@@ -14,7 +15,7 @@ import (
 
 // start serves the application on store as main does with -demo.
 func start(t *testing.T, store storage.Store) (string, func()) {
-	h, m, err := newServer(store, io.Discard, newDoubleClicks())
+	h, m, err := newServer(store, io.Discard, democlient.NewClicks())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,12 +32,12 @@ func start(t *testing.T, store storage.Store) (string, func()) {
 
 // TestDemo runs what `go run ./examples/nethttp -demo` runs, on the memory
 // store and on Redis.
-func TestDemo(t *testing.T) { demotest.Run(t, start, play) }
+func TestDemo(t *testing.T) { demotest.Run(t, start, democlient.Play) }
 
 // TestREADMETranscript: the transcript in the README is what the demo
 // prints (its keys' run id and the server's address aside, which the README
 // fixes).
-func TestREADMETranscript(t *testing.T) { demotest.CheckREADME(t, start, play) }
+func TestREADMETranscript(t *testing.T) { demotest.CheckREADME(t, start, democlient.Play) }
 
 // TestClientsAtOnce: three scripted clients at once against one server each
 // get their promised answers: every double click waits for its own 409.
@@ -48,7 +49,7 @@ func TestClientsAtOnce(t *testing.T) {
 	errs := make([]error, clients)
 	var wg sync.WaitGroup
 	for i := range clients {
-		wg.Go(func() { errs[i] = play(io.Discard, base, runID()) })
+		wg.Go(func() { errs[i] = democlient.Play(io.Discard, base, democlient.RunID()) })
 	}
 	wg.Wait()
 	for i, err := range errs {

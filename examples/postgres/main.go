@@ -85,6 +85,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/democlient"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
@@ -138,7 +139,7 @@ func run(c config, out, logw io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := open(ctx, pool, c.table, c.orders, newDoubleClicks(), log.New(logw, "", 0))
+	s, err := open(ctx, pool, c.table, c.orders, democlient.NewClicks(), log.New(logw, "", 0))
 	if err != nil {
 		pool.Close()
 		return err
@@ -210,8 +211,8 @@ const (
 type service struct {
 	pool   *pgxpool.Pool
 	store  *pgstore.Store
-	clicks *doubleClicks // ?slow=1 for the demo's double click (demo.go)
-	log    *log.Logger   // the middleware's decisions and the database's errors
+	clicks *democlient.Clicks // ?slow=1 for the demo's double click (democlient)
+	log    *log.Logger        // the middleware's decisions and the database's errors
 	sql    struct {
 		insert, byKey, byID, count string
 	}
@@ -224,7 +225,7 @@ var tableName = regexp.MustCompile(`^(?:([a-z_][a-z0-9_]{0,62})\.)?([a-z_][a-z0-
 
 // open makes the service on pool: idem's store on table, the orders in
 // orders; it creates both tables unless they exist.
-func open(ctx context.Context, pool *pgxpool.Pool, table, orders string, clicks *doubleClicks, logger *log.Logger) (*service, error) {
+func open(ctx context.Context, pool *pgxpool.Pool, table, orders string, clicks *democlient.Clicks, logger *log.Logger) (*service, error) {
 	m := tableName.FindStringSubmatch(orders)
 	if m == nil {
 		return nil, fmt.Errorf("-orders-table %q: want lower-case letters, digits and _ (at most 63, not starting with a digit), optionally after a schema and a dot", orders)
@@ -277,7 +278,7 @@ func (s *service) options() []idem.Option {
 		idem.WithObserver(func(ev idem.Event) { // logs each decision
 			s.log.Printf("idem: %s %s -> %s %d (%v)", ev.Method, ev.Route, ev.Outcome, ev.Status, ev.Duration.Round(time.Microsecond))
 		}),
-		idem.WithErrorWriter(s.clicks.writeError), // idem.WriteProblem; see demo.go
+		idem.WithErrorWriter(s.clicks.WriteError), // idem.WriteProblem; democlient adds the double click
 	}
 }
 
@@ -356,14 +357,14 @@ func (s *service) create(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("An order has an item of 1 to %d bytes and an amount from 1 to %d.", maxItem, maxAmount), 0, nil)
 		return
 	}
-	s.clicks.hold(r) // ?slow=1 waits for its duplicate's 409 (demo.go)
+	s.clicks.Hold(r) // ?slow=1 waits for its duplicate's 409 (democlient)
 	o, err := s.insert(r.Context(), in)
 	switch {
 	case errors.Is(err, storage.ErrNotOwner):
 		// Fence: this execution lost its lease, and another holds the key
 		// now. Nothing was committed; the client's retry gets the other
 		// execution's answer.
-		s.clicks.writeError(w, r, &idem.Error{Kind: idem.ErrConflict, Status: http.StatusConflict,
+		s.clicks.WriteError(w, r, &idem.Error{Kind: idem.ErrConflict, Status: http.StatusConflict,
 			Title:      "Request in progress",
 			Detail:     "Another execution of this request holds its idempotency key; this one changed nothing. Retry to get its result.",
 			RetryAfter: time.Second, Err: err})
@@ -465,7 +466,7 @@ var errService = errors.New("order service")
 // so that the service's errors look like idem's: type about:blank, the
 // status's text as the title.
 func (s *service) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retryAfter time.Duration, cause error) {
-	s.clicks.writeError(w, r, &idem.Error{Kind: errService, Status: status, Title: http.StatusText(status),
+	s.clicks.WriteError(w, r, &idem.Error{Kind: errService, Status: status, Title: http.StatusText(status),
 		Detail: detail, RetryAfter: retryAfter, Err: cause})
 }
 
@@ -477,11 +478,11 @@ const duplicates = 8
 // identical requests (burstOf), and then the rows of the orders table for
 // each key: one each.
 func (s *service) demoClient(out io.Writer, base string) error {
-	run := runID()
+	run := democlient.RunID()
 	keys := []string{"order-1-" + run, "order-2-" + run, "order-3-" + run} // play's two, the burst's
 	return errors.Join(
-		play(out, base, run),
-		burstOf(out, base, keys[2], `{"item":"lamp","amount":40}`, duplicates),
+		democlient.Play(out, base, run),
+		democlient.Burst(out, base, keys[2], `{"item":"lamp","amount":40}`, duplicates),
 		s.showRows(out, keys),
 	)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/democlient"
 	"github.com/idemkit/idem/examples/internal/demotest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/tests/pgxtest"
@@ -341,7 +342,7 @@ func newApp(t *testing.T) *app {
 	a := &app{t: t, pool: pool, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	svc, err := open(ctx, pool, a.table, a.orders, newDoubleClicks(), log.New(io.Discard, "", 0))
+	svc, err := open(ctx, pool, a.table, a.orders, democlient.NewClicks(), log.New(io.Discard, "", 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +364,7 @@ func (a *app) serveService(svc *service, store storage.Store, opts ...idem.Optio
 	a.t.Helper()
 	inst := *svc
 	logw := new(demotest.Buffer)
-	inst.clicks, inst.log = newDoubleClicks(), log.New(logw, "", 0)
+	inst.clicks, inst.log = democlient.NewClicks(), log.New(logw, "", 0)
 	m, err := idem.New(store, append(inst.options(), opts...)...)
 	if err != nil {
 		a.t.Fatal(err)

@@ -1,11 +1,12 @@
-package main
-
-// This file is what -demo adds to the program in main.go: a scripted
-// client, and the hook that lets it show a double click without guessing
-// timings (examples/client uses it too). To start a service of your own
-// from this example, copy main.go and drop the calls to clicks.
+// Package democlient is the scripted client that the examples' -demo
+// flag runs against them (examples/nethttp, gin, echo and postgres; the
+// transcript in the README is what Play prints), and the hook that lets it
+// show a double click without guessing timings (Clicks). It is not part of
+// the kit: a service copied from an example drops the calls to Clicks.
+package democlient
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -19,22 +20,22 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// doubleClicks holds a request whose query has slow=1 in its handler until
+// Clicks holds a request whose query has slow=1 in its handler until
 // idem has turned away a duplicate of it (the same Idempotency-Key) with
 // 409, or for 3 seconds: the demo's double click then shows the 409 on any
 // machine. Other requests pass at once.
-type doubleClicks struct {
+type Clicks struct {
 	mu      sync.Mutex
 	pending map[string]chan struct{} // by key; closed once a duplicate got 409
 }
 
-func newDoubleClicks() *doubleClicks {
-	return &doubleClicks{pending: make(map[string]chan struct{})}
+func NewClicks() *Clicks {
+	return &Clicks{pending: make(map[string]chan struct{})}
 }
 
 // of returns the channel of key's double click, made on first use; d.mu is
 // held.
-func (d *doubleClicks) of(key string) chan struct{} {
+func (d *Clicks) of(key string) chan struct{} {
 	ch, ok := d.pending[key]
 	if !ok {
 		ch = make(chan struct{})
@@ -43,9 +44,9 @@ func (d *doubleClicks) of(key string) chan struct{} {
 	return ch
 }
 
-// hold is called by the handler: it waits while r is the first of a double
+// Hold is called by the handler: it waits while r is the first of a double
 // click.
-func (d *doubleClicks) hold(r *http.Request) {
+func (d *Clicks) Hold(r *http.Request) {
 	if d == nil || r.URL.Query().Get("slow") == "" {
 		return
 	}
@@ -69,9 +70,9 @@ func (d *doubleClicks) hold(r *http.Request) {
 	}
 }
 
-// writeError is idem's error writer: idem.WriteProblem, the default, and
+// WriteError is idem's error writer: idem.WriteProblem, the default, and
 // for the 409 of a slow=1 duplicate it lets the first request go on.
-func (d *doubleClicks) writeError(w http.ResponseWriter, r *http.Request, err *idem.Error) {
+func (d *Clicks) WriteError(w http.ResponseWriter, r *http.Request, err *idem.Error) {
 	if d != nil && errors.Is(err, idem.ErrConflict) && r.URL.Query().Get("slow") != "" {
 		d.mu.Lock()
 		ch := d.of(r.Header.Get("Idempotency-Key"))
@@ -99,14 +100,14 @@ type answer struct {
 	body   []byte
 }
 
-// play runs the scripted client against base ("http://host:port") and
+// Play runs the scripted client against base ("http://host:port") and
 // writes a curl-like transcript to out: a first call, its retry (replayed:
 // the handler does not run again), the same key with another body (422),
 // and a double click while the first request still runs (one 201, one
 // 409). The keys are order-1-RUN and order-2-RUN, run telling them from
 // those of other runs. It returns an error for every answer that is not
 // the promised one.
-func play(out io.Writer, base, run string) error {
+func Play(out io.Writer, base, run string) error {
 	var errs []error
 	check := func(s step, a answer, err error) {
 		if err != nil {
@@ -130,7 +131,7 @@ func play(out io.Writer, base, run string) error {
 	}
 
 	// A double click: two identical requests at once. Whichever takes the
-	// key first runs (held by doubleClicks until the other was turned
+	// key first runs (held by Clicks until the other was turned
 	// away); the other gets 409.
 	click := step{key: "order-2-" + run, body: `{"item":"pen","amount":3}`, query: "?slow=1"}
 	type result struct {
@@ -155,9 +156,9 @@ func play(out io.Writer, base, run string) error {
 	return errors.Join(errs...)
 }
 
-// runID returns 8 random hex digits: a run's keys differ from every other
+// RunID returns 8 random hex digits: a run's keys differ from every other
 // run's, so runs can follow one another against one Redis.
-func runID() string {
+func RunID() string {
 	var b [4]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
@@ -188,4 +189,60 @@ func printAnswer(out io.Writer, base string, s step, a answer) {
 		}
 	}
 	fmt.Fprintf(out, "\n%s\n", strings.TrimRight(string(a.body), "\n"))
+}
+
+// Burst sends n identical requests at once, with one key and one body (a
+// client's retries racing each other, or n copies of one job), writes to
+// out the answer of the request the handler ran for and how many of each
+// answer came back, and returns an error unless the handler ran for exactly
+// one of them (201 without Idempotent-Replayed) and each other got either
+// 409 (the first was still in flight) or a replay of it: the same status,
+// Location and body, byte for byte.
+func Burst(out io.Writer, base, key, body string, n int) error {
+	s := step{title: fmt.Sprintf("%d identical requests at once (one key): the handler runs for one, the others get 409 or its replay", n),
+		key: key, body: body, status: http.StatusCreated}
+	answers := make([]answer, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			answers[i], errs[i] = send(base, s)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: %w", s.title, err)
+	}
+	var ran, replays []answer
+	conflicts := 0
+	for _, a := range answers {
+		switch {
+		case a.header.Get("Idempotent-Replayed") == "true":
+			replays = append(replays, a)
+		case a.status == http.StatusConflict:
+			conflicts++
+		default:
+			ran = append(ran, a)
+		}
+	}
+	if len(ran) != 1 || ran[0].status != http.StatusCreated {
+		var got []string
+		for _, a := range ran {
+			got = append(got, fmt.Sprintf("%d %s", a.status, bytes.TrimSpace(a.body)))
+		}
+		return fmt.Errorf("%s: the handler answered %d of them, want 1 with 201: %q", s.title, len(ran), got)
+	}
+	first := ran[0]
+	printAnswer(out, base, s, first)
+	fmt.Fprintf(out, "the %d others: %d x 201 with Idempotent-Replayed: true and this body, %d x 409\n", n-1, len(replays), conflicts)
+	for _, a := range replays {
+		if a.status != first.status || a.header.Get("Location") != first.header.Get("Location") || !bytes.Equal(a.body, first.body) {
+			return fmt.Errorf("%s: a replay differs from the original: %d %q %q, want %d %q %q", s.title,
+				a.status, a.header.Get("Location"), a.body, first.status, first.header.Get("Location"), first.body)
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package democlient_test
 
 import (
 	"fmt"
@@ -11,11 +11,15 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/democlient"
+	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage/memstore"
 )
 
-// TestBurst: a burst of identical requests passes burstOf's check behind
+func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+// TestBurst: a burst of identical requests passes Burst's check behind
 // idem (on the memory store: no database needed), and fails it without the
 // middleware, where the handler runs for each.
 func TestBurst(t *testing.T) {
@@ -34,7 +38,7 @@ func TestBurst(t *testing.T) {
 	protected := httptest.NewServer(nethttp.Middleware(m)(handler))
 	defer protected.Close()
 	var out strings.Builder
-	if err := burstOf(&out, protected.URL, "burst", `{"item":"lamp","amount":40}`, 6); err != nil {
+	if err := democlient.Burst(&out, protected.URL, "burst", `{"item":"lamp","amount":40}`, 6); err != nil {
 		t.Fatalf("%v\ntranscript:\n%s", err, out.String())
 	}
 	if got := out.String(); !strings.Contains(got, "6 identical requests at once") || !strings.Contains(got, "HTTP 201") ||
@@ -44,7 +48,7 @@ func TestBurst(t *testing.T) {
 
 	bare := httptest.NewServer(handler)
 	defer bare.Close()
-	err = burstOf(io.Discard, bare.URL, "burst", "{}", 3)
+	err = democlient.Burst(io.Discard, bare.URL, "burst", "{}", 3)
 	if err == nil || !strings.Contains(err.Error(), "the handler answered 3 of them, want 1") {
 		t.Errorf("without the middleware: %v, want an error: the handler answered 3", err)
 	}
