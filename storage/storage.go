@@ -109,7 +109,7 @@ const (
 )
 
 // String returns "acquired", "in flight", "done", "not issued",
-// "committed" or "State(n)".
+// "committed", "issued" or "State(n)".
 func (s State) String() string {
 	switch s {
 	case Acquired:
@@ -122,6 +122,8 @@ func (s State) String() string {
 		return "not issued"
 	case Committed:
 		return "committed"
+	case Issued:
+		return "issued"
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }

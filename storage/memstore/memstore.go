@@ -8,7 +8,9 @@
 // an injectable clock, bounds its number of entries without ever evicting
 // an entry in flight (issued entries go first, then done ones: see
 // [WithMaxEntries]), and runs one janitor goroutine, which [Store.Close]
-// stops. It is a [storage.Issuer]: it keeps server-issued keys too.
+// stops. It is a [storage.Issuer]: it keeps server-issued keys too; and a
+// [storage.Inspector]: an operator can look its entries up, list them and
+// remove one.
 package memstore
 
 import (
@@ -53,7 +55,8 @@ type Store struct {
 }
 
 var (
-	_ storage.Issuer = (*Store)(nil)
+	_ storage.Issuer    = (*Store)(nil)
+	_ storage.Inspector = (*Store)(nil)
 )
 
 // entry is one key's entry: processing (owner set, not done), done (done
@@ -66,6 +69,7 @@ type entry struct {
 	record      []byte // when done; never nil then
 	done        bool
 	issueTTL    time.Duration // issued, or processing taken from an issue: the issue's TTL; 0 otherwise
+	since       time.Time     // when it entered its state (Inspector's Entry.Since)
 	expires     time.Time
 	index       int    // position in Store.byExpiry
 	prev, next  *entry // neighbours in Store.issued or Store.done
@@ -318,7 +322,7 @@ func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, iss
 		case e.owner == "": // issued: taken, remembering the issue's TTL
 			s.issued.unlink(e)
 			s.bytes += len(owner) + len(fingerprint)
-			e.owner, e.fingerprint = owner, fingerprint
+			e.owner, e.fingerprint, e.since = owner, fingerprint, now
 			s.setExpiry(e, now.Add(lease))
 			return storage.Result{State: storage.Acquired}, nil
 		case e.owner == owner:
@@ -334,7 +338,7 @@ func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, iss
 	if len(s.entries) >= s.max && !s.makeRoom(now) {
 		return storage.Result{}, fmt.Errorf("memstore: acquire: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
 	}
-	s.add(&entry{key: key, fingerprint: fingerprint, owner: owner, expires: now.Add(lease)})
+	s.add(&entry{key: key, fingerprint: fingerprint, owner: owner, since: now, expires: now.Add(lease)})
 	return storage.Result{State: storage.Acquired}, nil
 }
 
@@ -369,7 +373,7 @@ func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
 	if len(s.entries) >= s.max && !s.makeRoom(now) {
 		return fmt.Errorf("memstore: issue: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
 	}
-	s.add(&entry{key: key, issueTTL: ttl, expires: now.Add(ttl)})
+	s.add(&entry{key: key, issueTTL: ttl, since: now, expires: now.Add(ttl)})
 	return nil
 }
 
@@ -416,7 +420,7 @@ func (s *Store) Complete(_ context.Context, key, owner string, record []byte, tt
 	rec := make([]byte, len(record)) // never nil; no allocation when empty
 	copy(rec, record)
 	s.bytes += len(rec) // the owner stays: a resend must come from it
-	e.record, e.done, e.issueTTL = rec, true, 0
+	e.record, e.done, e.issueTTL, e.since = rec, true, 0, now
 	s.setExpiry(e, now.Add(roundUp(ttl)))
 	s.done.push(e)
 	return nil
@@ -438,7 +442,7 @@ func (s *Store) Release(_ context.Context, key, owner string) error {
 		return fmt.Errorf("memstore: release: %w", storage.ErrNotOwner)
 	case e.issueTTL > 0: // back to issued
 		s.bytes -= len(e.owner) + len(e.fingerprint)
-		e.owner, e.fingerprint = "", ""
+		e.owner, e.fingerprint, e.since = "", "", now
 		s.setExpiry(e, now.Add(e.issueTTL))
 		s.issued.push(e)
 		return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -623,5 +624,61 @@ func BenchmarkFirstOnFullStore(b *testing.B) {
 		if err := s.Complete(ctx, k, "o", rec, time.Hour); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestListOldestFirst: List shows the entries oldest Since first, across
+// pages, in flight, done and issued alike, and MinAge leaves out the
+// younger ones.
+func TestListOldestFirst(t *testing.T) {
+	s, clock := newStore(t)
+	ctx := context.Background()
+	var want []string
+	for i := range 7 {
+		k := fmt.Sprintf("k%d", 6-i) // keys in the reverse order of age
+		switch i % 3 {
+		case 0:
+			if err := s.Issue(ctx, k, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			if _, err := s.Acquire(ctx, k, "o", "fp", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			if _, err := s.Acquire(ctx, k, "o", "fp", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Complete(ctx, k, "o", []byte("r"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want = append(want, k)
+		clock.Advance(time.Second)
+	}
+	var got []string
+	q := storage.Query{Limit: 2}
+	for {
+		p, err := s.List(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range p.Entries {
+			got = append(got, e.Key)
+		}
+		if p.Next == "" {
+			break
+		}
+		q.Cursor = p.Next
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v (oldest first)", got, want)
+	}
+	p, err := s.List(ctx, storage.Query{MinAge: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Entries) != 3 || p.Entries[0].Key != "k6" || p.Entries[2].Key != "k4" || p.Next != "" {
+		t.Fatalf("entries at least 5s old: %+v, want k6, k5, k4", p)
 	}
 }

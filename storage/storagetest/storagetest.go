@@ -42,6 +42,20 @@
 // owner of a processing entry commits it; it expires after the TTL of
 // its commit.
 //
+// For a store that implements [storage.Inspector] it checks its clauses
+// (the Inspector subtests are skipped for the others): Lookup of an entry
+// in each state (in flight, done with or without its record, issued,
+// committed within and after its lease) shows its key, state,
+// fingerprint, Since, lease left, expiry and size, and changes nothing;
+// Extend does not move an in-flight entry's Since; Lookup of a missing,
+// released or expired key answers ErrNotFound; List, page by page with
+// several limits, shows every entry of the state it selects and none of
+// another, never a record; MinAge leaves out younger entries; invalid
+// queries and cursors answer ErrInvalid; Remove of an entry in each state
+// answers what it was and frees the key (the removed in-flight entry's
+// owner can no longer complete it; an issued key is spent), and Remove of
+// a missing key answers ErrNotFound.
+//
 // It uses the standard testing package only.
 package storagetest
 
@@ -119,6 +133,7 @@ var groups = []struct {
 	{"Concurrent", concurrentCases},
 	{"Issuer", issuerCases},
 	{"Committed", committedCases},
+	{"Inspector", inspectorCases},
 }
 
 const (

@@ -1,0 +1,123 @@
+package memstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/storage"
+)
+
+// view returns what storage.Inspector shows of e at now.
+func (e *entry) view(now time.Time, withRecord bool) storage.Entry {
+	v := storage.Entry{Key: e.key, Fingerprint: e.fingerprint, Since: e.since, Expires: e.expires}
+	switch {
+	case e.done:
+		v.State, v.Size = storage.Done, len(e.record)
+		if withRecord {
+			v.Record = e.record
+		}
+	case e.owner == "":
+		v.State = storage.Issued
+	default:
+		v.State, v.LeaseLeft = storage.InFlight, e.expires.Sub(now)
+	}
+	return v
+}
+
+// Lookup implements [storage.Inspector.Lookup]. The context is not used.
+// Errors wrap [storage.ErrNotFound].
+func (s *Store) Lookup(_ context.Context, key string, withRecord bool) (storage.Entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e := s.live(key, now)
+	if e == nil {
+		return storage.Entry{}, fmt.Errorf("memstore: lookup: %w", storage.ErrNotFound)
+	}
+	return e.view(now, withRecord), nil
+}
+
+// List implements [storage.Inspector.List]. Its entries come oldest Since
+// first (then by key), across pages. Each call reads every entry of the
+// store under its lock (on a store of 100,000 entries, a few
+// milliseconds, during which other calls wait), and sorts the ones q
+// selects after it unlocks. The context is not used. Errors wrap
+// [storage.ErrInvalid].
+func (s *Store) List(_ context.Context, q storage.Query) (storage.Page, error) {
+	q, err := storage.CheckQuery(q)
+	if err != nil {
+		return storage.Page{}, fmt.Errorf("memstore: list: %w", err)
+	}
+	after, err := parseCursor(q.Cursor)
+	if err != nil {
+		return storage.Page{}, fmt.Errorf("memstore: list: %w", err)
+	}
+	s.mu.Lock()
+	now := s.now()
+	var found []storage.Entry
+	for _, e := range s.entries {
+		if !now.Before(e.expires) || (q.Cursor != "" && !after.before(e.since, e.key)) {
+			continue
+		}
+		v := e.view(now, false)
+		if (q.State == 0 || v.State == q.State) && now.Sub(v.Since) >= q.MinAge {
+			found = append(found, v)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(found, func(a, b storage.Entry) int {
+		return cmp.Or(cmp.Compare(a.Since.UnixNano(), b.Since.UnixNano()), strings.Compare(a.Key, b.Key))
+	})
+	if len(found) <= q.Limit {
+		return storage.Page{Entries: found}, nil
+	}
+	found = found[:q.Limit:q.Limit]
+	last := found[len(found)-1]
+	return storage.Page{Entries: found, Next: strconv.FormatInt(last.Since.UnixNano(), 10) + ":" + last.Key}, nil
+}
+
+// cursor is where a listing goes on: after the entry of this Since and
+// key, in the order of List.
+type cursor struct {
+	since int64 // Unix nanoseconds
+	key   string
+}
+
+// parseCursor reads a Page.Next that List made: "<since>:<key>". The
+// empty cursor is the start.
+func parseCursor(c string) (cursor, error) {
+	if c == "" {
+		return cursor{}, nil
+	}
+	n, key, ok := strings.Cut(c, ":")
+	since, err := strconv.ParseInt(n, 10, 64)
+	if !ok || err != nil {
+		return cursor{}, fmt.Errorf("%w: cursor %q was not made by this store", storage.ErrInvalid, c)
+	}
+	return cursor{since, key}, nil
+}
+
+// before reports whether c comes before the entry of this Since and key.
+func (c cursor) before(since time.Time, key string) bool {
+	n := since.UnixNano()
+	return c.since < n || (c.since == n && c.key < key)
+}
+
+// Remove implements [storage.Inspector.Remove]. The context is not used.
+// Errors wrap [storage.ErrNotFound].
+func (s *Store) Remove(_ context.Context, key string) (storage.Entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e := s.live(key, now)
+	if e == nil {
+		return storage.Entry{}, fmt.Errorf("memstore: remove: %w", storage.ErrNotFound)
+	}
+	s.remove(e)
+	return e.view(now, false), nil
+}
