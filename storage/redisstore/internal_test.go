@@ -33,6 +33,7 @@ func TestReplyShapes(t *testing.T) {
 		nil, int64(2), int64(3), int64(-1), "", "D", "P\x00", "D\x03fp", "X\x00r", []any{}, []any{nil}, []any{"1"},
 		"C", "C\x00", "C\x02fp", "C\x00\x00", "C\x00\x00r", "C\x00\x80\x00o", "C\x00\x02o", "C\x00\x80",
 		"C\x00\xff\xff\xff\xff\xff\x01o", "C\x00\xff\xff\xff\xff\x0f",
+		"T", "T\x00\x00\x00\x00\x00\x00", "T12345C\x00\x01or", "T123456P\x00o", "T123456T123456C\x00\x01or", "T123456D\x00r",
 		[]any{int64(1)}, []any{int64(0)}, []any{int64(3), "fp", "r"},
 		[]any{int64(2)}, []any{int64(2), "fp"}, []any{int64(2), int64(5), int64(5)},
 		[]any{int64(2), "fp", "5"}, []any{int64(3), "fp", int64(5)}, []any{int64(2), "fp", int64(1), "extra"},
@@ -78,6 +79,7 @@ func TestReplies(t *testing.T) {
 		{"C\x00\x01o", storage.Result{State: storage.Done, Record: []byte{}}, nil},
 		{"C\x00\x80\x01" + strings.Repeat("o", 128) + "r", storage.Result{State: storage.Done, Record: []byte("r")}, nil},
 		{"C\x00\x81\x00or", storage.Result{State: storage.Done, Record: []byte("r")}, nil}, // not the shortest form, as Lua reads it
+		{"T\x01\xa3\x18\x5e\x3a\x7bC\x02fp\x01orecord", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte("record")}, nil},
 		{int64(0), storage.Result{}, errCorrupt},
 	} {
 		res, err := acquireResult(c.reply)

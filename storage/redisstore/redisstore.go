@@ -36,15 +36,33 @@
 // the policy and maxmemory are the server's, for all its databases, so
 // give the store a server of its own. [WithEvictionAllowed] opts out.
 //
+// # Inspection
+//
+// The store is a [storage.Inspector]: [Store.Lookup] and [Store.Remove]
+// are one script on one key, [Store.List] pages through the keys under the
+// prefix with SCAN (every master of a Cluster, every shard of a Ring), two
+// round trips a page, safe on a server with millions of keys. Grant the
+// client's ACL user +scan and +time for them.
+//
 // # Layout
 //
-// An entry is one Redis string under prefix+key:
+// An entry is one Redis string under prefix+key: a stamp, then the entry:
 //
+//	'T' since                                                 the stamp
 //	'P' len(fingerprint) fingerprint owner                    while processing
 //	'Q' len(fingerprint) fingerprint len(ttl) ttl owner       while processing, taken from an issue
 //	'C' len(fingerprint) fingerprint len(owner) owner record  when done
 //	'I' ttl                                                   when issued
-//	'D' len(fingerprint) fingerprint record                   when done, written by an older release
+//	'D' len(fingerprint) fingerprint record                   when done, written by an older release, unstamped
+//
+// The stamp holds when the entry entered its state, by the server's clock
+// (TIME): since is the Unix time in milliseconds, in 6 bytes, most
+// significant first (7 bytes in all: a stored record of a few hundred
+// bytes stays in its allocation class). A renewal (Extend, an Acquire
+// resent) keeps it; [Store.Lookup] and [Store.List] show it as
+// [storage.Entry.Since]. Entries written by releases before the stamp
+// have none: this release reads them all the same, and shows a zero
+// Since.
 //
 // The state is one byte, 'P', 'Q', 'C', 'I' or 'D'; the fingerprint's
 // length is one byte (a fingerprint has at most
@@ -78,10 +96,14 @@
 // An older release of this package answers an error for each entry of a
 // state it does not know (while versions are mixed during a rolling
 // deploy, say): one from before issued keys for 'Q' and 'I' entries, one
-// from before done entries kept their owner for 'C' entries, which it
-// then neither replays nor runs again (the middleware answers with its
-// store error) until the new release serves the request; the 'P' entries
-// are handled alike by all.
+// from before done entries kept their owner for 'C' entries, and one from
+// before the stamp for every entry this release writes, which it then
+// neither replays nor runs again (the middleware answers with its store
+// error, 503, which clients retry) until an instance of this release
+// serves the request. No request runs twice for it, but while both
+// releases serve, the older one answers 503 to every request whose key
+// the newer one wrote: deploy this release to every instance at once, or
+// accept those retries for the length of the rollout.
 package redisstore
 
 import (
@@ -250,30 +272,44 @@ local function uvarintOf(x)
   return s .. string.char(x)
 end
 local function parse(v)
-  local tag = string.sub(v, 1, 1)
+  local b, since = 1, nil
+  if string.sub(v, 1, 1) == 'T' then
+    if #v < 8 then return nil end
+    since, b = string.sub(v, 2, 7), 8
+  end
+  local tag = string.sub(v, b, b)
   if tag == 'I' then
-    local t = ttl(string.sub(v, 2))
-    if t then return 'I', '', '', t end
+    local t = ttl(string.sub(v, b + 1))
+    if t then return 'I', '', '', t, nil, since end
     return nil
   end
-  local n = string.byte(v, 2)
-  if n == nil or #v < 2 + n then return nil end
-  local fp, rest = string.sub(v, 3, 2 + n), string.sub(v, 3 + n)
+  local n = string.byte(v, b + 1)
+  if n == nil or #v < b + 1 + n then return nil end
+  local fp, rest = string.sub(v, b + 2, b + 1 + n), string.sub(v, b + 2 + n)
   if tag == 'C' then
     local m, i = uvarint(rest, 1)
     if m == nil or m == 0 or #rest < i - 1 + m then return nil end
-    return 'D', fp, string.sub(rest, i + m), nil, string.sub(rest, i, i - 1 + m)
-  elseif tag == 'D' then
+    return 'D', fp, string.sub(rest, i + m), nil, string.sub(rest, i, i - 1 + m), since
+  elseif tag == 'D' and not since then
     return 'D', fp, rest
   elseif tag == 'P' and #rest > 0 then
-    return 'P', fp, rest
+    return 'P', fp, rest, nil, nil, since
   elseif tag == 'Q' then
     local m = string.byte(rest, 1)
     if m == nil or #rest < 2 + m then return nil end
     local t = ttl(string.sub(rest, 2, 1 + m))
-    if t then return 'P', fp, string.sub(rest, 2 + m), t end
+    if t then return 'P', fp, string.sub(rest, 2 + m), t, nil, since end
   end
   return nil
+end
+local function stamped(e)
+  local t = redis.call('TIME')
+  local ms, b = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ''
+  for i = 1, 6 do
+    b = string.char(ms % 256) .. b
+    ms = math.floor(ms / 256)
+  end
+  return 'T' .. b .. e
 end
 local v = redis.call('GET', KEYS[1])
 `
@@ -301,7 +337,7 @@ const (
 const takeLua = `
 local tag, fp, rest, t = parse(v)
 if tag == 'I' then
-  redis.call('SET', KEYS[1], 'Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], stamped('Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1]), 'PX', ARGV[3])
   return 1
 elseif tag == 'D' then
   return v
@@ -317,7 +353,7 @@ return 0
 // acquire: ARGV owner, fingerprint, lease in ms.
 const acquireSrc = parseLua + `
 if not v then
-  redis.call('SET', KEYS[1], 'P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], stamped('P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1]), 'PX', ARGV[3])
   return 1
 end
 ` + takeLua
@@ -331,7 +367,7 @@ if not v then return 3 end
 // issue: ARGV ttl in ms. An entry in any state: 0, nothing written.
 const issueSrc = parseLua + `
 if not v then
-  redis.call('SET', KEYS[1], 'I' .. ARGV[1], 'PX', ARGV[1])
+  redis.call('SET', KEYS[1], stamped('I' .. ARGV[1]), 'PX', ARGV[1])
   return 1
 elseif parse(v) then
   return 0
@@ -350,7 +386,7 @@ if tag == 'D' then
   return 0
 elseif tag == 'P' then
   if rest ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[1], 'C' .. string.char(#fp) .. fp .. uvarintOf(#ARGV[1]) .. ARGV[1] .. ARGV[2], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], stamped('C' .. string.char(#fp) .. fp .. uvarintOf(#ARGV[1]) .. ARGV[1] .. ARGV[2]), 'PX', ARGV[3])
   return 1
 elseif tag == 'I' then
   return 0
@@ -365,7 +401,7 @@ if not v then return 1 end
 local tag, fp, rest, t = parse(v)
 if tag == 'P' and rest == ARGV[1] then
   if t then
-    redis.call('SET', KEYS[1], 'I' .. t, 'PX', t)
+    redis.call('SET', KEYS[1], stamped('I' .. t), 'PX', t)
   else
     redis.call('DEL', KEYS[1])
   end
@@ -617,6 +653,10 @@ func acquireResult(reply any) (storage.Result, error) {
 // length, the fingerprint, the record. The fingerprint is a substring of
 // v; the record is copied out of it.
 func doneResult(v string) (storage.Result, error) {
+	since, v, ok := cutStamp(v)
+	if !ok || (since != "" && len(v) > 0 && v[0] == 'D') { // a 'D' entry is never stamped
+		return storage.Result{}, unexpected(v)
+	}
 	if len(v) < 2 || (v[0] != 'C' && v[0] != 'D') || len(v) < 2+int(v[1]) {
 		return storage.Result{}, unexpected(v)
 	}
@@ -630,6 +670,32 @@ func doneResult(v string) (storage.Result, error) {
 		rest = rest[k+int(m):]
 	}
 	return storage.Result{State: storage.Done, Fingerprint: fp, Record: []byte(rest)}, nil
+}
+
+// cutStamp splits a value into its stamp (the 6 bytes of a 'T' prefix;
+// "" when it has none) and the entry after it. ok is false when v is too
+// short for its stamp.
+func cutStamp(v string) (since, e string, ok bool) {
+	if len(v) == 0 || v[0] != 'T' {
+		return "", v, true
+	}
+	if len(v) < 8 {
+		return "", "", false
+	}
+	return v[1:7], v[7:], true
+}
+
+// stampTime reads the 6 bytes of a stamp: Unix milliseconds, most
+// significant first. The zero Time for "" (no stamp).
+func stampTime(since string) time.Time {
+	if len(since) != 6 {
+		return time.Time{}
+	}
+	var ms int64
+	for i := range 6 {
+		ms = ms<<8 | int64(since[i])
+	}
+	return time.UnixMilli(ms)
 }
 
 // uvarint reads the owner's length in a 'C' entry as the scripts do: a

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"net"
 	"strings"
@@ -62,7 +63,15 @@ func each(t *testing.T, f func(t *testing.T, rdb *redis.Client, mr *miniredis.Mi
 func TestContractMiniredis(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		mr := miniredis.RunT(t)
-		return storagetest.Harness{Store: redisstore.New(client(t, mr.Addr())), Advance: mr.FastForward}
+		// Advance moves both clocks of miniredis: the TTLs' and TIME's.
+		now := time.Now()
+		mr.SetTime(now)
+		advance := func(d time.Duration) {
+			now = now.Add(d)
+			mr.SetTime(now)
+			mr.FastForward(d)
+		}
+		return storagetest.Harness{Store: redisstore.New(client(t, mr.Addr())), Advance: advance}
 	})
 }
 
@@ -223,6 +232,13 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 	mr := miniredis.RunT(t)
 	s := redisstore.New(client(t, mr.Addr()), redisstore.WithPrefix("app:"))
 	ctx := t.Context()
+	// The server's clock, for the stamps: TIME in a script answers it.
+	t0 := time.UnixMilli(1_800_000_000_123)
+	mr.SetTime(t0)
+	stamp := func(at time.Time) string {
+		b := binary.BigEndian.AppendUint64(nil, uint64(at.UnixMilli()))
+		return "T" + string(b[2:])
+	}
 	check := func(key, value string, ttl time.Duration) {
 		t.Helper()
 		if v, err := mr.Get(key); err != nil || v != value {
@@ -233,17 +249,20 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 		}
 	}
 	s.Acquire(ctx, "k", "owner", "fp", 1500*time.Millisecond)
-	check("app:k", "P\x02fpowner", 1500*time.Millisecond)
+	check("app:k", stamp(t0)+"P\x02fpowner", 1500*time.Millisecond)
+	mr.SetTime(t0.Add(time.Second))                   // a renewal keeps the stamp
 	s.Acquire(ctx, "k", "owner", "fp", 2*time.Second) // renewed
-	check("app:k", "P\x02fpowner", 2*time.Second)
+	check("app:k", stamp(t0)+"P\x02fpowner", 2*time.Second)
 	s.Extend(ctx, "k", "owner", 1001*time.Microsecond) // rounded up
-	check("app:k", "P\x02fpowner", 2*time.Millisecond)
+	check("app:k", stamp(t0)+"P\x02fpowner", 2*time.Millisecond)
+	mr.SetTime(t0.Add(2 * time.Second)) // done: stamped anew
 	s.Complete(ctx, "k", "owner", []byte{0, 1, 2}, 36*time.Hour)
-	check("app:k", "C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
+	check("app:k", stamp(t0.Add(2*time.Second))+"C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
 	s.Acquire(ctx, "sub", "o", "", 100*time.Microsecond)
-	check("app:sub", "P\x00o", time.Millisecond)
+	check("app:sub", stamp(t0.Add(2*time.Second))+"P\x00o", time.Millisecond)
+	mr.SetTime(t0.Add(3 * time.Second))
 	s.Acquire(ctx, "k", "other", "x", time.Minute) // a replay changes nothing
-	check("app:k", "C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
+	check("app:k", stamp(t0.Add(2*time.Second))+"C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
 	// An owner of 128 bytes or more: its length takes two bytes or more.
 	for _, c := range []struct {
 		n   int
@@ -252,7 +271,7 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 		long := strings.Repeat("o", c.n)
 		s.Acquire(ctx, "long", long, "fp", time.Minute)
 		s.Complete(ctx, "long", long, []byte("r"), time.Hour)
-		check("app:long", "C\x02fp"+c.len+long+"r", time.Hour)
+		check("app:long", stamp(t0.Add(3*time.Second))+"C\x02fp"+c.len+long+"r", time.Hour)
 		if err := s.Complete(ctx, "long", long, []byte("r"), time.Hour); err != nil {
 			t.Fatalf("resend by an owner of %d bytes: %v", c.n, err)
 		}
@@ -265,25 +284,33 @@ func TestKeysPrefixedWithTTL(t *testing.T) {
 		mr.Del("app:long")
 	}
 
-	// Issued keys.
+	// Issued keys: stamped when issued, taken, released, done.
+	at := func(d time.Duration) string { mr.SetTime(t0.Add(d)); return stamp(t0.Add(d)) }
+	st := at(10 * time.Second)
 	s.Issue(ctx, "i", 90*time.Minute)
-	check("app:i", "I5400000", 90*time.Minute)
+	check("app:i", st+"I5400000", 90*time.Minute)
+	at(11 * time.Second)
 	s.Issue(ctx, "i", time.Minute) // exists: changes nothing
-	check("app:i", "I5400000", 90*time.Minute)
+	check("app:i", st+"I5400000", 90*time.Minute)
+	st = at(12 * time.Second)
 	s.AcquireIssued(ctx, "i", "owner", "fp", 30*time.Second)
-	check("app:i", "Q\x02fp\x075400000owner", 30*time.Second)
+	check("app:i", st+"Q\x02fp\x075400000owner", 30*time.Second)
+	at(13 * time.Second)
 	s.AcquireIssued(ctx, "i", "owner", "fp", time.Minute) // renewed
-	check("app:i", "Q\x02fp\x075400000owner", time.Minute)
+	check("app:i", st+"Q\x02fp\x075400000owner", time.Minute)
 	s.Extend(ctx, "i", "owner", 1001*time.Microsecond) // rounded up
-	check("app:i", "Q\x02fp\x075400000owner", 2*time.Millisecond)
+	check("app:i", st+"Q\x02fp\x075400000owner", 2*time.Millisecond)
+	st = at(14 * time.Second)
 	s.Release(ctx, "i", "owner") // back to issued, for the issue's whole TTL
-	check("app:i", "I5400000", 90*time.Minute)
+	check("app:i", st+"I5400000", 90*time.Minute)
+	st = at(15 * time.Second)
 	s.Acquire(ctx, "i", "o", "", time.Second) // Acquire takes it too
-	check("app:i", "Q\x00\x075400000o", time.Second)
+	check("app:i", st+"Q\x00\x075400000o", time.Second)
+	st = at(16 * time.Second)
 	s.Complete(ctx, "i", "o", []byte("r"), time.Hour)
-	check("app:i", "C\x00\x01or", time.Hour)
+	check("app:i", st+"C\x00\x01or", time.Hour)
 	s.Issue(ctx, "sub-i", time.Nanosecond) // rounded up
-	check("app:sub-i", "I1", time.Millisecond)
+	check("app:sub-i", st+"I1", time.Millisecond)
 	s.AcquireIssued(ctx, "never", "o", "", time.Minute) // writes nothing
 	if keys := mr.Keys(); len(keys) != 4 {
 		t.Fatalf("keys %q, want app:k, app:sub, app:i and app:sub-i only", keys)
@@ -425,6 +452,10 @@ func TestCorruptValue(t *testing.T) {
 			"Q\x09short", "Q\x00\x00", "Q\x00\x1012345678901234567o",
 			"C", "C\x00", "C\x02fp", "C\x09short", "C\x00\x00", "C\x00\x00rec", "C\x00\x80\x00o", "C\x00\x05own",
 			"C\x02fp\x80", "C\x00\x81", "C\x00\xff\xff\xff\xff\xff\x01o", "C\x00\x80\x01" + strings.Repeat("o", 127),
+			// Stamps: malformed, or over a value that is not an entry
+			// (a 'D' entry is never stamped).
+			"T", "T\x00", "T123456", "T\x00\x00\x00\x00\x00P\x00o", "T123456garbage", "T123456D\x00r",
+			"T123456T123456P\x00o", "T123456P\x00", "T123456C\x00\x00", "T123456I", "T123456Q\x00\x00o",
 		} {
 			if err := rdb.Set(ctx, p+"bad", v, time.Minute).Err(); err != nil {
 				t.Fatal(err)
