@@ -57,8 +57,9 @@ type Store struct {
 }
 
 var (
-	_ storage.Store  = (*Store)(nil)
-	_ storage.Issuer = (*Store)(nil)
+	_ storage.Inspector = (*Store)(nil)
+	_ storage.Store     = (*Store)(nil)
+	_ storage.Issuer    = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -186,10 +187,12 @@ func Schema(name string) (string, error) {
 // table's (without schema) and "_expires_idx", and the name of the CHECK
 // on state (in a comment), the table's and "_state_check".
 func schemaFor(id pgx.Identifier) string {
-	const index, check = "idem_keys_expires_idx", "idem_keys_state_check"
+	const index, since, check = "idem_keys_expires_idx", "idem_keys_state_since_idx", "idem_keys_state_check"
 	r := strings.NewReplacer(
 		index, pgx.Identifier{id[len(id)-1] + "_expires_idx"}.Sanitize(),
+		since, pgx.Identifier{id[len(id)-1] + "_state_since_idx"}.Sanitize(),
 		check, pgx.Identifier{id[len(id)-1] + "_state_check"}.Sanitize(),
+		"'"+DefaultTable+"'::regclass", "'"+strings.ReplaceAll(id.Sanitize(), "'", "''")+"'::regclass",
 		DefaultTable, id.Sanitize(),
 	)
 	return r.Replace(schemaSQL)
@@ -197,9 +200,11 @@ func schemaFor(id pgx.Identifier) string {
 
 // CreateTable creates the store's table and its index unless they exist,
 // in one transaction that holds an advisory lock meanwhile, so that
-// instances starting together do not trip over each other. It changes
-// nothing in a table that exists, even one of another layout. The
-// database user needs CREATE on the schema.
+// instances starting together do not trip over each other. In a table
+// that exists it adds only what this version needs and a table made by an
+// older one lacks: the since column and the index on (state, since), each
+// only when missing (see schema.sql). The database user needs CREATE on
+// the schema.
 func (s *Store) CreateTable(ctx context.Context) error {
 	// One simple-protocol query: its statements run in one implicit
 	// transaction, whose lock ends with it.
@@ -213,6 +218,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 // statements are the SQL of the store's operations on its table.
 type statements struct {
 	schema, acquire, acquireIssued, issue, complete, completeFailed, release, extend, fence, cleanup string
+	lookup, remove, listState, listAll                                                               string
 }
 
 // newStatements writes the statements for table id. A clock other than ""
@@ -234,6 +240,10 @@ func newStatements(id pgx.Identifier, clock string) statements {
 		extend:         f(extendSQL),
 		fence:          f(fenceSQL),
 		cleanup:        f(cleanupSQL),
+		lookup:         f(lookupSQL),
+		remove:         f(removeSQL),
+		listState:      f(listStateSQL),
+		listAll:        f(listAllSQL),
 	}
 }
 
@@ -326,17 +336,18 @@ const acquireSQL = `WITH s AS (
   WHERE e.key = $1 AND EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM cur)
   FOR KEY SHARE SKIP LOCKED
 ), ins AS (
-  INSERT INTO {table} AS e (key, state, owner, fingerprint, expires)
-  SELECT $1, 'processing', $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond'
+  INSERT INTO {table} AS e (key, state, owner, fingerprint, expires, since)
+  SELECT $1, 'processing', $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond', clock_timestamp()
   WHERE NOT EXISTS (SELECT FROM cur) AND (NOT EXISTS (SELECT FROM s) OR EXISTS (SELECT FROM lk))
-  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, held_until, record, issue_ttl) = (
+  ON CONFLICT (key) DO UPDATE SET (state, owner, fingerprint, expires, held_until, record, issue_ttl, since) = (
     SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
            CASE WHEN x.take THEN excluded.owner ELSE e.owner END,
            CASE WHEN x.take THEN excluded.fingerprint ELSE e.fingerprint END,
            CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END,
            CASE WHEN x.take THEN NULL ELSE e.held_until END,
            CASE WHEN x.take THEN NULL ELSE e.record END,
-           CASE WHEN x.gone THEN NULL ELSE e.issue_ttl END
+           CASE WHEN x.gone THEN NULL ELSE e.issue_ttl END,
+           CASE WHEN x.gone OR e.state = 'issued' THEN x.now ELSE e.since END
     FROM (SELECT y.now, y.gone, y.gone OR e.state = 'issued' OR (e.state = 'processing' AND e.owner = excluded.owner) AS take
           FROM (SELECT c.now, e.expires <= c.now AS gone FROM (SELECT clock_timestamp() AS now) c) y) x)
   RETURNING e.state, e.owner = $2 AS mine, e.fingerprint, e.expires, e.held_until, e.record
@@ -382,11 +393,12 @@ const acquireIssuedSQL = `WITH s AS (
   WHERE e.key = $1 AND EXISTS (SELECT FROM s) AND NOT EXISTS (SELECT FROM cur)
   FOR KEY SHARE SKIP LOCKED
 ), upd AS (
-  UPDATE {table} e SET (state, owner, fingerprint, expires) = (
+  UPDATE {table} e SET (state, owner, fingerprint, expires, since) = (
     SELECT CASE WHEN x.take THEN 'processing' ELSE e.state END,
            CASE WHEN x.take THEN $2::bytea ELSE e.owner END,
            CASE WHEN x.take THEN $3::bytea ELSE e.fingerprint END,
-           CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END
+           CASE WHEN x.take THEN x.now + $4::bigint * interval '1 millisecond' ELSE e.expires END,
+           CASE WHEN e.state = 'issued' THEN x.now ELSE e.since END
     FROM (SELECT c.now, e.state = 'issued' OR (e.state = 'processing' AND e.owner = $2::bytea) AS take
           FROM (SELECT clock_timestamp() AS now) c) x)
   WHERE e.key = $1 AND e.expires > clock_timestamp() AND NOT EXISTS (SELECT FROM cur) AND EXISTS (SELECT FROM lk)
@@ -421,12 +433,12 @@ const issueSQL = `WITH s AS (
   SELECT e.key FROM {table} e WHERE e.key = $1 AND EXISTS (SELECT FROM s WHERE NOT s.live)
   FOR KEY SHARE SKIP LOCKED
 )
-INSERT INTO {table} AS e (key, state, owner, fingerprint, expires, issue_ttl)
-SELECT $1, 'issued', ''::bytea, ''::bytea, clock_timestamp() + $2::bigint * interval '1 millisecond', $2::bigint
+INSERT INTO {table} AS e (key, state, owner, fingerprint, expires, issue_ttl, since)
+SELECT $1, 'issued', ''::bytea, ''::bytea, clock_timestamp() + $2::bigint * interval '1 millisecond', $2::bigint, clock_timestamp()
 WHERE NOT EXISTS (SELECT FROM s) OR EXISTS (SELECT FROM lk)
 ON CONFLICT (key) DO UPDATE SET
   state = 'issued', owner = '', fingerprint = '', held_until = NULL, record = NULL,
-  expires = clock_timestamp() + $2::bigint * interval '1 millisecond', issue_ttl = $2::bigint
+  expires = clock_timestamp() + $2::bigint * interval '1 millisecond', issue_ttl = $2::bigint, since = clock_timestamp()
 WHERE e.expires <= clock_timestamp()`
 
 // completeSQL: $3 record, $4 TTL. One row updated means done (nil); none,
@@ -453,6 +465,7 @@ UPDATE {table} e SET
     held_until = NULL,
     issue_ttl = NULL,
     record = CASE WHEN e.state = 'done' THEN e.record ELSE $3 END,
+    since = CASE WHEN e.state = 'done' THEN e.since ELSE clock_timestamp() END,
     expires = CASE WHEN e.state = 'done' THEN e.expires ELSE clock_timestamp() + $4::bigint * interval '1 millisecond' END
   WHERE e.key = $1 AND e.expires > clock_timestamp() AND e.owner = $2
     AND (e.state IN ('processing', 'committed') OR (e.state = 'done' AND e.record = $3))
@@ -507,7 +520,7 @@ const releaseSQL = `WITH s AS (
     AND (e.issue_ttl IS NULL OR e.expires <= clock_timestamp()) AND EXISTS (SELECT FROM lk)
   RETURNING 1
 ), back AS (
-  UPDATE {table} e SET state = 'issued', owner = '', fingerprint = '',
+  UPDATE {table} e SET state = 'issued', owner = '', fingerprint = '', since = clock_timestamp(),
     expires = clock_timestamp() + e.issue_ttl * interval '1 millisecond'
   WHERE e.key = $1 AND e.owner = $2 AND e.state = 'processing'
     AND e.issue_ttl IS NOT NULL AND e.expires > clock_timestamp() AND EXISTS (SELECT FROM lk)

@@ -36,6 +36,11 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     -- milliseconds, for which Store.Release makes the entry issued again;
     -- NULL otherwise.
     issue_ttl   bigint      CHECK (issue_ttl > 0),
+    -- When the entry entered its state, by the database's clock: issued
+    -- (or back to issued), acquired by the execution that holds it (in
+    -- processing and committed), done. Renewals keep it. NULL in rows
+    -- written by a version before it (added below to a table made by one).
+    since       timestamptz,
     CHECK ((state = 'done') = (record IS NOT NULL)),
     CHECK (state IN ('issued', 'processing') OR issue_ttl IS NULL),
     CHECK (state <> 'issued' OR issue_ttl IS NOT NULL)
@@ -57,3 +62,22 @@ CREATE TABLE IF NOT EXISTS idem_keys (
 
 -- The janitor deletes expired rows in batches, oldest first.
 CREATE INDEX IF NOT EXISTS idem_keys_expires_idx ON idem_keys (expires);
+
+-- A table made by a version before the since column gets it here, only
+-- when it lacks it (ALTER TABLE takes a lock that would queue behind every
+-- transaction on the table even when there is nothing to add). Versions
+-- before it run on the altered table: they leave since NULL.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = 'idem_keys'::regclass AND attname = 'since' AND NOT attisdropped) THEN
+        ALTER TABLE idem_keys ADD COLUMN since timestamptz;
+    END IF;
+END
+$$;
+
+-- Store.List pages through the entries of one state, oldest first. On a
+-- large table made by an older version, create it beforehand with CREATE
+-- INDEX CONCURRENTLY (same name and columns), which does not block
+-- writes: here it would, for as long as it takes to build.
+CREATE INDEX IF NOT EXISTS idem_keys_state_since_idx ON idem_keys (state, coalesce(since, '-infinity'::timestamptz), key);
