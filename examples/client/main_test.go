@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,14 +18,14 @@ import (
 // per order.
 func TestRun(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
-		out, log := runOnce(t, "", "")
+		out, log := runOnce(t, "")
 		checkTranscript(t, out, 1)
 		checkExecutions(t, log, 2)
 	})
 	t.Run("redis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		for run := range 2 {
-			out, log := runOnce(t, "", mr.Addr())
+			out, log := runOnce(t, mr.Addr())
 			checkTranscript(t, out, 1) // a new process: its handler_runs starts again
 			checkExecutions(t, log, 2)
 			if n, want := len(mr.Keys()), 2*(run+1); n != want {
@@ -40,27 +35,13 @@ func TestRun(t *testing.T) {
 	})
 }
 
-// TestAgainstNetHTTPExample drives examples/nethttp itself, built and run
-// as a process (`go run ./examples/nethttp`, then
-// `go run ./examples/client -addr ...`), twice: the second run's orders
-// are the server's third and fourth, and its log shows two executions per
-// run.
-func TestAgainstNetHTTPExample(t *testing.T) {
-	srv := startNetHTTP(t)
-	for run := range 2 {
-		out, _ := runOnce(t, srv.addr, "")
-		checkTranscript(t, out, 2*run+1)
-	}
-	srv.stop(t)
-	checkExecutions(t, srv.log.String(), 4)
-}
-
-// runOnce runs the program and returns its transcript and log; it fails
-// the test if the program reports a failure.
-func runOnce(t *testing.T, addr, redisAddr string) (out, log string) {
+// runOnce runs the program without -addr (the application in-process on
+// redisAddr's store, the memory store when empty) and returns its
+// transcript and log; it fails the test if the program reports a failure.
+func runOnce(t *testing.T, redisAddr string) (out, log string) {
 	t.Helper()
 	var o, l demotest.Buffer
-	if err := run(addr, redisAddr, &o, &l); err != nil {
+	if err := run("", redisAddr, &o, &l); err != nil {
 		t.Fatalf("run: %v\ntranscript:\n%s\nlog:\n%s", err, o.String(), l.String())
 	}
 	return o.String(), l.String()
@@ -108,87 +89,5 @@ func checkExecutions(t *testing.T, log string, want int) {
 	t.Helper()
 	if n := strings.Count(log, "-> executed 201"); n != want {
 		t.Errorf("the server's log shows %d executions, want %d:\n%s", n, want, log)
-	}
-}
-
-// netHTTP is examples/nethttp running as a process.
-type netHTTP struct {
-	cmd  *exec.Cmd
-	addr string
-	log  demotest.Buffer // its stderr
-	done chan struct{}   // closed when its stderr ends
-
-	waitOnce sync.Once
-	waitErr  error
-}
-
-// wait waits for the process, once its stderr has ended.
-func (s *netHTTP) wait() error {
-	<-s.done
-	s.waitOnce.Do(func() { s.waitErr = s.cmd.Wait() })
-	return s.waitErr
-}
-
-// startNetHTTP builds examples/nethttp and runs it on a free port; it is
-// killed when the test ends, unless stopped before.
-func startNetHTTP(t *testing.T) *netHTTP {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command, to build the example: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "nethttp")
-	build := exec.Command(goBin, "build", "-o", bin, "github.com/idemkit/idem/examples/nethttp")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build examples/nethttp: %v\n%s", err, out)
-	}
-	s := &netHTTP{cmd: exec.Command(bin, "-addr", "127.0.0.1:0"), done: make(chan struct{})}
-	stderr, err := s.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan string, 1)
-	go func() {
-		defer close(s.done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			s.log.Write([]byte(line + "\n"))
-			if rest, ok := strings.CutPrefix(line, "listening on http://"); ok {
-				addr, _, _ := strings.Cut(rest, " ")
-				listening <- addr
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		s.cmd.Process.Kill() // an error once it has exited
-		s.wait()
-	})
-	select {
-	case s.addr = <-listening:
-	case <-s.done:
-		t.Fatalf("examples/nethttp exited:\n%s", s.log.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("examples/nethttp not listening after 30 s:\n%s", s.log.String())
-	}
-	return s
-}
-
-// stop stops the server as a deploy does (SIGTERM) and waits for it.
-func (s *netHTTP) stop(t *testing.T) {
-	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("examples/nethttp still running 30 s after SIGTERM:\n%s", s.log.String())
-	}
-	if err := s.wait(); err != nil {
-		t.Errorf("examples/nethttp exited with %v:\n%s", err, s.log.String())
 	}
 }

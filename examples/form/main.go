@@ -38,7 +38,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -118,6 +117,7 @@ type shop struct {
 	log    *log.Logger
 }
 
+// newShop returns the shop on store, logging idem's decisions to logTo.
 func newShop(store storage.Store, logTo io.Writer) (*shop, error) {
 	s := &shop{log: log.New(logTo, "idem: ", 0)}
 	m, err := idem.New(store,
@@ -135,6 +135,8 @@ func newShop(store storage.Store, logTo io.Writer) (*shop, error) {
 	return s, nil
 }
 
+// routes returns the shop's handler: the form, and the order endpoint
+// behind idem.
 func (s *shop) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.form)
@@ -213,14 +215,4 @@ func errorPage(w http.ResponseWriter, r *http.Request, e *idem.Error) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(e.Status)
 	fmt.Fprintf(w, "<!doctype html>\n<title>%s</title>\n<p>%s</p>\n", template.HTMLEscapeString(e.Title), template.HTMLEscapeString(msg))
-}
-
-// keyIn returns the hidden key of a rendered form.
-func keyIn(page string) string {
-	_, rest, ok := strings.Cut(page, `name="`+keyField+`" value="`)
-	if !ok {
-		return ""
-	}
-	key, _, _ := strings.Cut(rest, `"`)
-	return key
 }

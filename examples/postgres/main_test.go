@@ -78,17 +78,16 @@ func TestConfig(t *testing.T) {
 		want string
 	}{
 		{config{}, "no database: give -pg 'postgres://"},
-		{config{dsn: "postgres://127.0.0.1:1/none", table: "idem_keys", orders: "Orders"}, "-orders-table"},
-		{config{dsn: "postgres://127.0.0.1:1/none", table: "idem keys", orders: "orders"}, "-table"},
-		{config{dsn: "postgres://127.0.0.1:1/none", table: "orders", orders: "orders"}, "-table and -orders-table are both"},
+		{config{dsn: "postgres://127.0.0.1:1/none", table: "idem keys", orders: "orders"}, "pgstore: invalid table name"},
+		{config{dsn: "postgres://127.0.0.1:1/none", table: "orders", orders: "orders"}, "idem's table and the orders table are both"},
 	} {
 		err := run(c.config, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error saying %q", c.config, err, c.want)
 		}
 	}
-	if err := run(config{}, io.Discard, io.Discard); !strings.Contains(err.Error(), envDSN) {
-		t.Errorf("without a database: %v, want a word on %s", err, envDSN)
+	if err := run(config{}, io.Discard, io.Discard); !strings.Contains(err.Error(), "IDEM_PG_DSN") {
+		t.Errorf("without a database: %v, want a word on IDEM_PG_DSN", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,14 +14,14 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 )
 
 var (
 	testSecrets   = secrets{stripe: []byte("whsec_test"), alipay: []byte("alipay-test-key"), github: []byte("github-test-secret")}
 	forgedSecrets = secrets{stripe: []byte("whsec_forged"), alipay: []byte("alipay-forged"), github: []byte("github-forged")}
-	// t0 is the tests' clock: Stripe-Signature timestamps are checked
-	// against it.
+	// t0 is when the tests' Alipay notifications are sent (notify_time).
 	t0 = time.Date(2025, 6, 1, 10, 0, 0, 0, time.UTC)
 )
 
@@ -41,20 +42,20 @@ var providers = []provider{
 	{
 		name: "stripe",
 		deliver: func(s secrets, id string, attempt int) delivery {
-			return stripeDelivery(s.stripe, t0, stripeEventJSON(id, "pi_"+id, 1250, attempt))
+			return stripeDelivery(s.stripe, time.Now(), stripeEventJSON(id, 1250, attempt))
 		},
 		noID: func(s secrets) delivery {
-			return stripeDelivery(s.stripe, t0, `{"object":"event","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1"}}}`)
+			return stripeDelivery(s.stripe, time.Now(), `{"object":"event","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1"}}}`)
 		},
 		event: func(id string) string { return "stripe " + id },
 	},
 	{
 		name: "alipay",
 		deliver: func(s secrets, id string, attempt int) delivery {
-			return alipayDelivery(s.alipay, tradeForm(id, "TRADE_SUCCESS", attempt))
+			return alipayDelivery(s.alipay, tradeForm(id, "TRADE_SUCCESS", notified(attempt)))
 		},
 		noID: func(s secrets) delivery {
-			f := tradeForm("2025060122001", "TRADE_SUCCESS", 0)
+			f := tradeForm("2025060122001", "TRADE_SUCCESS", t0)
 			f.Del("trade_status")
 			return alipayDelivery(s.alipay, f)
 		},
@@ -63,54 +64,67 @@ var providers = []provider{
 	{
 		name: "github",
 		deliver: func(s secrets, id string, _ int) delivery {
-			return githubDelivery(s.github, "issues", id, `{"action":"opened","issue":{"number":7,"title":"t"},"repository":{"full_name":"acme/shop"}}`)
+			return githubDelivery(s.github, id, `{"action":"opened","issue":{"number":7,"title":"t"},"repository":{"full_name":"acme/shop"}}`)
 		},
 		noID: func(s secrets) delivery {
-			return githubDelivery(s.github, "issues", "", `{"action":"opened","issue":{"number":7,"title":"t"},"repository":{"full_name":"acme/shop"}}`)
+			return githubDelivery(s.github, "", `{"action":"opened","issue":{"number":7,"title":"t"},"repository":{"full_name":"acme/shop"}}`)
 		},
 		event: func(id string) string { return "github " + id },
 	},
 }
 
-// tradeForm is a notification of trade's status, its notify_time attempt
-// minutes after t0 (Beijing time).
-func tradeForm(trade, status string, attempt int) url.Values {
-	return url.Values{
-		"notify_id": {"ac05099524730693a8b330c5ecf72da9786"}, "notify_time": {t0.In(time.FixedZone("CST", 8*3600)).Add(time.Duration(attempt) * time.Minute).Format(time.DateTime)},
-		"trade_no": {trade}, "trade_status": {status}, "total_amount": {"12.50"},
-	}
-}
+// notified is when the attempt-th notification is sent: attempt minutes
+// after t0.
+func notified(attempt int) time.Time { return t0.Add(time.Duration(attempt) * time.Minute) }
 
-// server is the app on a memory store, served on a loopback port.
+// server is the receivers on a memory store, served on a loopback port.
 type server struct {
-	*app
-	store *memstore.Store
-	p     *player // sends deliveries to it
+	url    string
+	ledger *ledger
+	store  *memstore.Store
 }
 
-// serve starts the app, its Stripe clock at t0, its handlers calling hold
-// (when not nil) before their effect.
-func serve(t *testing.T, hold func(*http.Request)) *server {
+// heldStore holds each record it is given (Complete) until release is
+// closed, so that the delivery being processed stays in flight; completing
+// gets a value for each.
+type heldStore struct {
+	storage.Store
+	completing, release chan struct{}
+}
+
+func (s *heldStore) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
+	s.completing <- struct{}{}
+	<-s.release
+	return s.Store.Complete(ctx, key, owner, record, ttl)
+}
+
+// serve starts the receivers on a memory store, through held when not nil.
+func serve(t *testing.T, held *heldStore) *server {
 	t.Helper()
-	store := memstore.New()
-	a, err := newApp(store, config{secrets: testSecrets, tolerance: 5 * time.Minute, now: func() time.Time { return t0 }, hold: hold}, io.Discard)
+	ms := memstore.New()
+	var store storage.Store = ms
+	if held != nil {
+		held.Store, store = ms, held
+	}
+	l := newLedger()
+	h, middlewares, err := newServer(store, testSecrets, l, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(a)
+	srv := httptest.NewServer(h)
 	t.Cleanup(func() {
 		srv.Close()
-		for _, m := range a.middlewares {
+		for _, m := range middlewares {
 			m.Shutdown(t.Context())
 		}
-		store.Close()
+		ms.Close()
 	})
-	return &server{app: a, store: store, p: &player{base: srv.URL, client: srv.Client()}}
+	return &server{url: srv.URL, ledger: l, store: ms}
 }
 
 func (s *server) send(t *testing.T, d delivery) answer {
 	t.Helper()
-	a, err := s.p.send(d)
+	a, err := send(s.url, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,10 +158,10 @@ func receive(t *testing.T, results <-chan result) answer {
 // `-demo -redis host:port` do. Each run's ledger shows each of its five
 // events processed once, and only the processed events are stored.
 func TestDemo(t *testing.T) {
-	check := func(t *testing.T, o options) {
+	check := func(t *testing.T, redisAddr string) {
 		t.Helper()
 		var out, logw strings.Builder
-		if err := run(o, &out, &logw); err != nil {
+		if err := run("", redisAddr, true, &out, &logw); err != nil {
 			t.Fatalf("%v\ntranscript:\n%s\nlog:\n%s", err, out.String(), logw.String())
 		}
 		got := out.String()
@@ -174,11 +188,11 @@ func TestDemo(t *testing.T) {
 			t.Errorf("%d bursts with 3 conflicts, want 3 (one per provider):\n%s", n, got)
 		}
 	}
-	t.Run("memory", func(t *testing.T) { check(t, options{demo: true, secrets: testSecrets}) })
+	t.Run("memory", func(t *testing.T) { check(t, "") })
 	t.Run("redis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		for process := range 2 {
-			check(t, options{demo: true, redis: mr.Addr(), secrets: testSecrets})
+			check(t, mr.Addr())
 			if n, want := len(mr.Keys()), 5*(process+1); n != want {
 				t.Errorf("Redis holds %d keys after %d runs, want %d (the five processed events of each run): %v", n, process+1, want, mr.Keys())
 			}
@@ -194,15 +208,12 @@ func TestConcurrentRedeliveries(t *testing.T) {
 	const n = 10
 	for _, p := range providers {
 		t.Run(p.name, func(t *testing.T) {
-			entered, release := make(chan struct{}, 2*n), make(chan struct{})
-			s := serve(t, func(*http.Request) {
-				entered <- struct{}{}
-				<-release
-			})
+			held := &heldStore{completing: make(chan struct{}, 2*n), release: make(chan struct{})}
+			s := serve(t, held)
 			var once bool
 			t.Cleanup(func() {
 				if !once {
-					close(release)
+					close(held.release)
 				}
 			})
 			id := p.name + "-evt-1"
@@ -210,7 +221,7 @@ func TestConcurrentRedeliveries(t *testing.T) {
 				results := make(chan result, n)
 				for i := range n {
 					go func() {
-						a, err := s.p.send(p.deliver(testSecrets, id, attempt+i))
+						a, err := send(s.url, p.deliver(testSecrets, id, attempt+i))
 						results <- result{a, err}
 					}()
 				}
@@ -225,7 +236,7 @@ func TestConcurrentRedeliveries(t *testing.T) {
 				}
 			}
 			once = true
-			close(release)
+			close(held.release)
 			first := receive(t, results)
 			if err := processed(first); err != nil {
 				t.Fatalf("the first delivery: %v (%q)", err, first.body)
@@ -240,8 +251,8 @@ func TestConcurrentRedeliveries(t *testing.T) {
 					t.Fatalf("a redelivery after the first: %v", err)
 				}
 			}
-			if len(entered) != 1 || s.ledger.times(p.event(id)) != 1 {
-				t.Fatalf("the handler ran %d times, the ledger has the event %d times; want 1 and 1", len(entered), s.ledger.times(p.event(id)))
+			if len(held.completing) != 1 || s.ledger.times(p.event(id)) != 1 {
+				t.Fatalf("%d answers stored, the ledger has the event %d times; want 1 and 1", len(held.completing), s.ledger.times(p.event(id)))
 			}
 		})
 	}
@@ -328,7 +339,7 @@ func TestAlipayStatusChanges(t *testing.T) {
 	s := serve(t, nil)
 	const trade = "2025060122009"
 	for i, status := range []string{"TRADE_SUCCESS", "TRADE_SUCCESS", "TRADE_FINISHED", "TRADE_SUCCESS", "TRADE_FINISHED"} {
-		a := s.send(t, alipayDelivery(testSecrets.alipay, tradeForm(trade, status, i)))
+		a := s.send(t, alipayDelivery(testSecrets.alipay, tradeForm(trade, status, notified(i))))
 		if a.status != http.StatusOK || string(a.body) != "success" || a.replayed() != (i >= 1 && i != 2) {
 			t.Fatalf("notification %d (%s): %d %q replayed %t", i, status, a.status, a.body, a.replayed())
 		}
@@ -341,22 +352,22 @@ func TestAlipayStatusChanges(t *testing.T) {
 }
 
 // TestStripeTolerance: a Stripe-Signature whose timestamp is more than the
-// tolerance away from the server's clock is refused, whatever its
-// signature.
+// tolerance (5 minutes) away from the server's clock is refused, whatever
+// its signature.
 func TestStripeTolerance(t *testing.T) {
 	s := serve(t, nil)
 	for i, c := range []struct {
-		signed time.Time
+		offset time.Duration
 		status int
 	}{
-		{t0.Add(-4 * time.Minute), http.StatusOK},
-		{t0.Add(4 * time.Minute), http.StatusOK},
-		{t0.Add(-6 * time.Minute), http.StatusUnauthorized}, // a replay of an old delivery
-		{t0.Add(6 * time.Minute), http.StatusUnauthorized},
+		{-4 * time.Minute, http.StatusOK},
+		{4 * time.Minute, http.StatusOK},
+		{-6 * time.Minute, http.StatusUnauthorized}, // a replay of an old delivery
+		{6 * time.Minute, http.StatusUnauthorized},
 	} {
-		d := stripeDelivery(testSecrets.stripe, c.signed, stripeEventJSON(fmt.Sprintf("evt_tol%d", i), "pi_1", 100, 1))
+		d := stripeDelivery(testSecrets.stripe, time.Now().Add(c.offset), stripeEventJSON(fmt.Sprintf("evt_tol%d", i), 100, 1))
 		if a := s.send(t, d); a.status != c.status {
-			t.Errorf("signed %v from the server's clock: %d %q, want %d", c.signed.Sub(t0), a.status, a.body, c.status)
+			t.Errorf("signed %v from the server's clock: %d %q, want %d", c.offset, a.status, a.body, c.status)
 		}
 	}
 }
@@ -376,10 +387,11 @@ func TestVerifiers(t *testing.T) {
 		}
 		return r
 	}
-	stripe := stripeVerifier(testSecrets.stripe, 5*time.Minute, func() time.Time { return t0 })
-	ts := fmt.Sprint(t0.Unix())
-	good := stripeSignature(testSecrets.stripe, t0.Unix(), body)
-	old := stripeSignature([]byte("whsec_old"), t0.Unix(), body)
+	stripe := stripeVerifier(testSecrets.stripe)
+	now := time.Now().Unix()
+	ts := fmt.Sprint(now)
+	good := stripeSignature(testSecrets.stripe, now, body)
+	old := stripeSignature([]byte("whsec_old"), now, body)
 	gh := githubVerifier(testSecrets.github)
 	for _, c := range []struct {
 		name string
@@ -406,7 +418,7 @@ func TestVerifiers(t *testing.T) {
 	}
 
 	alipay := alipayVerifier(testSecrets.alipay)
-	form := tradeForm("2025", "TRADE_SUCCESS", 0)
+	form := tradeForm("2025", "TRADE_SUCCESS", t0)
 	signed := alipayDelivery(testSecrets.alipay, form)
 	r := req("Content-Type", "application/x-www-form-urlencoded")
 	if err := alipay(r, []byte(signed.body)); err != nil {
@@ -432,8 +444,19 @@ func TestVerifiers(t *testing.T) {
 func TestBodyTooLarge(t *testing.T) {
 	s := serve(t, nil)
 	big := strings.Repeat("x", maxBody+1)
-	a := s.send(t, githubDelivery(testSecrets.github, "issues", "guid-big", big))
+	a := s.send(t, githubDelivery(testSecrets.github, "guid-big", big))
 	if a.status != http.StatusRequestEntityTooLarge || s.store.Len() != 0 {
 		t.Fatalf("%d %q, %d entries stored; want 413, none", a.status, a.body, s.store.Len())
+	}
+}
+
+// TestSecretsRequired: without -demo, the receivers do not start unless
+// each provider's secret is set.
+func TestSecretsRequired(t *testing.T) {
+	t.Setenv("STRIPE_WEBHOOK_SECRET", "whsec_test")
+	t.Setenv("ALIPAY_SIGN_KEY", "")
+	t.Setenv("GITHUB_WEBHOOK_SECRET", "github-test-secret")
+	if err := run("127.0.0.1:0", "", false, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "$ALIPAY_SIGN_KEY") {
+		t.Fatalf("run without $ALIPAY_SIGN_KEY: %v, want an error naming it", err)
 	}
 }

@@ -74,3 +74,35 @@ func Example_queueConsumer() {
 	// m-1 duplicate: ack without processing
 	// m-2 processing charge 50
 }
+
+// An operator's view of a store (storage.Inspector, which every store of
+// the module implements): which executions have been in flight for more
+// than a minute, what one key holds, and removing a stuck entry so that
+// the next request runs afresh.
+func ExampleStore_List() {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	s := memstore.New(memstore.WithClock(func() time.Time { return time.Unix(0, now.Load()) }))
+	defer s.Close()
+	ctx := context.Background()
+	_, _ = s.Acquire(ctx, "stuck", "owner-1", "fp", 10*time.Minute)
+	now.Add(int64(2 * time.Minute))
+	_, _ = s.Acquire(ctx, "fresh", "owner-2", "fp", 10*time.Minute)
+	_, _ = s.Acquire(ctx, "done", "owner-3", "fp", time.Minute)
+	_ = s.Complete(ctx, "done", "owner-3", []byte("encoded response"), time.Hour)
+
+	var i storage.Inspector = s
+	page, _ := i.List(ctx, storage.Query{State: storage.InFlight, MinAge: time.Minute})
+	for _, e := range page.Entries {
+		fmt.Printf("%s: %s for %v, lease left %v\n", e.Key, e.State, time.Unix(0, now.Load()).Sub(e.Since), e.LeaseLeft)
+	}
+	e, _ := i.Lookup(ctx, "done", false)
+	fmt.Printf("done: %s, %d bytes, expires in %v\n", e.State, e.Size, e.Expires.Sub(time.Unix(0, now.Load())))
+	removed, _ := i.Remove(ctx, "stuck")
+	res, _ := s.Acquire(ctx, "stuck", "owner-4", "fp", 10*time.Minute)
+	fmt.Println("removed:", removed.State, "then:", res.State)
+	// Output:
+	// stuck: in flight for 2m0s, lease left 8m0s
+	// done: done, 16 bytes, expires in 1h0m0s
+	// removed: in flight then: acquired
+}

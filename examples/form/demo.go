@@ -1,5 +1,9 @@
 package main
 
+// This file is the demo that -demo runs: a scripted browser that submits
+// the shop's form as a shopper does, double click included, and checks
+// every page against what the kit promises.
+
 import (
 	"fmt"
 	"io"
@@ -16,6 +20,7 @@ type browser struct {
 	client *http.Client
 }
 
+// newBrowser returns a browser with a session of its own at base.
 func newBrowser(base string) *browser {
 	jar, _ := cookiejar.New(nil)
 	return &browser{base: base, client: &http.Client{Jar: jar}}
@@ -36,6 +41,7 @@ func (p page) String() string {
 	return s + "\n" + p.body
 }
 
+// get loads the page at path.
 func (b *browser) get(path string) (page, error) {
 	res, err := b.client.Get(b.base + path)
 	return read(res, err)
@@ -48,6 +54,7 @@ func (b *browser) submit(key string) (page, error) {
 	return read(res, err)
 }
 
+// read returns the page of a response, or err.
 func read(res *http.Response, err error) (page, error) {
 	if err != nil {
 		return page{}, err
@@ -135,4 +142,14 @@ func browse(out io.Writer, base string) error {
 	}
 	fmt.Fprintln(out, "2 orders placed for 5 submits: each form's order once.")
 	return nil
+}
+
+// keyIn returns the hidden key of a rendered form.
+func keyIn(page string) string {
+	_, rest, ok := strings.Cut(page, `name="`+keyField+`" value="`)
+	if !ok {
+		return ""
+	}
+	key, _, _ := strings.Cut(rest, `"`)
+	return key
 }

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/examples/democlient"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// duplicates is how many identical requests the demo sends at once.
+const duplicates = 8
+
+// demo is -demo's client against base: package democlient's script (an
+// order, its retry, the key with another body, a double click), a burst of
+// identical requests, and then the orders of each key in the table orders:
+// one each, or an error.
+func demo(out io.Writer, base string, pool *pgxpool.Pool, orders string) error {
+	run := democlient.RunID()
+	keys := []string{"order-1-" + run, "order-2-" + run, "order-3-" + run} // Play's two, the burst's
+	errs := []error{
+		democlient.Play(out, base, run),
+		democlient.Burst(out, base, keys[2], `{"item":"lamp","amount":40}`, duplicates),
+	}
+	fmt.Fprintf(out, "\n# the orders table: one order per key, however many requests carried it\n"+
+		"$ psql -c \"SELECT idempotency_key, count(*) FROM %s WHERE idempotency_key IN ('%s') GROUP BY 1 ORDER BY 1\"\n",
+		orders, strings.Join(keys, "', '"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, key := range keys {
+		var n int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{orders}.Sanitize()+" WHERE idempotency_key = $1", key).Scan(&n)
+		fmt.Fprintf(out, "%s | %d\n", key, n)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("key %s has %d orders, want 1", key, n)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
