@@ -1,14 +1,11 @@
 package main
 
 import (
-	"fmt"
-	"regexp"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemkit/idem/examples/internal/demotest"
+	"github.com/idemkit/idem/internal/tests/clientproc"
 )
 
 // TestRun runs what `go run ./examples/client` runs: the application of
@@ -19,15 +16,15 @@ import (
 func TestRun(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		out, log := runOnce(t, "")
-		checkTranscript(t, out, 1)
-		checkExecutions(t, log, 2)
+		clientproc.CheckTranscript(t, out, 1)
+		clientproc.CheckExecutions(t, log, 2)
 	})
 	t.Run("redis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		for run := range 2 {
 			out, log := runOnce(t, mr.Addr())
-			checkTranscript(t, out, 1) // a new process: its handler_runs starts again
-			checkExecutions(t, log, 2)
+			clientproc.CheckTranscript(t, out, 1) // a new process: its handler_runs starts again
+			clientproc.CheckExecutions(t, log, 2)
 			if n, want := len(mr.Keys()), 2*(run+1); n != want {
 				t.Errorf("Redis holds %d keys after %d runs, want %d (two orders per run): %v", n, run+1, want, mr.Keys())
 			}
@@ -45,49 +42,4 @@ func runOnce(t *testing.T, redisAddr string) (out, log string) {
 		t.Fatalf("run: %v\ntranscript:\n%s\nlog:\n%s", err, o.String(), l.String())
 	}
 	return o.String(), l.String()
-}
-
-// checkTranscript checks what the user sees; first is handler_runs of the
-// first order of this run.
-func checkTranscript(t *testing.T, out string, first int) {
-	t.Helper()
-	order1 := fmt.Sprintf(`{"amount":12,"handler_runs":%d,"item":"book","order":%d}`, first, first)
-	order2 := fmt.Sprintf(`{"amount":3,"handler_runs":%d,"item":"pen","order":%d}`, first+1, first+1)
-	for _, want := range []string{
-		// 1: the lost response, then its replay.
-		"\n  attempt 1: error: simulated timeout: the server answered 201, the response was lost on the way back; retry in ",
-		"\n  attempt 2: 201 Idempotent-Replayed: true\n  Result: attempts=2 replayed=true\n" +
-			"HTTP 201  Idempotent-Replayed: true  Content-Type: application/json\n" + order1 +
-			"\nthe lost response and the replay: the same bytes: true\n",
-		// 2: the double click.
-		"the call that ran the handler:\n  attempt 1: 201\n  Result: attempts=1 replayed=false\n",
-		"the call that waited:\n  attempt 1: 409 Retry-After: 1; retry in 1", // 1s, or 1.xxxs: checked below
-		"\n  attempt 2: 201 Idempotent-Replayed: true\n  Result: attempts=2 replayed=true\n" +
-			"HTTP 201  Idempotent-Replayed: true  Content-Type: application/json\n" + order2 +
-			"\nboth calls got the same bytes: true\n",
-		// 3: the reused key.
-		"\n  attempt 1: 422\n  Result: attempts=1 replayed=false\nHTTP 422  Content-Type: application/problem+json\n",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the transcript does not show %q:\n%s", want, out)
-		}
-	}
-	if strings.Contains(out, "FAIL") {
-		t.Errorf("the transcript reports a failure:\n%s", out)
-	}
-	// A Retry-After of 1 s is waited 1 s plus up to a tenth.
-	if m := regexp.MustCompile(`409 Retry-After: 1; retry in (1\.\d+s|1s)\n`).FindStringSubmatch(out); m == nil {
-		t.Errorf("no wait of 1 s to 1.1 s after the 409:\n%s", out)
-	} else if d, err := time.ParseDuration(m[1]); err != nil || d > 1100*time.Millisecond {
-		t.Errorf("waited %s after a Retry-After of 1 s, want at most 1.1s", m[1])
-	}
-}
-
-// checkExecutions checks that the middleware's log shows want executions
-// (the handler ran once per order), and no other 201 but replays.
-func checkExecutions(t *testing.T, log string, want int) {
-	t.Helper()
-	if n := strings.Count(log, "-> executed 201"); n != want {
-		t.Errorf("the server's log shows %d executions, want %d:\n%s", n, want, log)
-	}
 }
