@@ -217,3 +217,31 @@ func ExampleWithTTL() {
 	fmt.Println(errors.Is(err, idem.ErrInvalidOption))
 	// Output: true
 }
+
+// An operator looks up what the store holds for a customer's key: the
+// storage key is derived as the middleware derives it, from the scope
+// (here the default, the Authorization header), the method, the route and
+// the key the client sent.
+func ExampleStorageKey() {
+	store := memstore.New()
+	defer store.Close()
+	m, _ := idem.New(store)
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"order":42}`)
+	})))
+	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"book"}`))
+	r.Header.Set("Authorization", "Bearer alice")
+	r.Header.Set("Idempotency-Key", "order-42")
+	mux.ServeHTTP(httptest.NewRecorder(), r)
+
+	key := idem.StorageKey("Bearer alice", http.MethodPost, "POST /orders", "order-42")
+	e, err := store.Lookup(context.Background(), key, false)
+	fmt.Println(e.State, err)
+	_, err = store.Lookup(context.Background(), idem.StorageKey("Bearer bob", http.MethodPost, "POST /orders", "order-42"), false)
+	fmt.Println(errors.Is(err, storage.ErrNotFound))
+	// Output:
+	// done <nil>
+	// true
+}
