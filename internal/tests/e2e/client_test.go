@@ -513,9 +513,9 @@ func allExecutions(t testing.TB, ctx context.Context, rdb *redis.Client) (all []
 	return all, byKey
 }
 
-// doneRecords decodes every done record in a Redis store ('C', the
-// fingerprint's length, the fingerprint, the owner's length as a uvarint,
-// the owner, the record; see redisstore).
+// doneRecords decodes every done record in a Redis store (after the
+// stamp, 'C', the fingerprint's length, the fingerprint, the owner's
+// length as a uvarint, the owner, the record; see redisstore).
 func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []httprec.Record {
 	t.Helper()
 	var recs []httprec.Record
@@ -528,6 +528,7 @@ func doneRecords(t testing.TB, ctx context.Context, rdb *redis.Client) []httprec
 		if err != nil {
 			t.Fatal(err)
 		}
+		v = unstamp(t, iter.Val(), v)
 		if len(v) < 2 || v[0] != 'C' {
 			continue
 		}

@@ -534,6 +534,18 @@ func redisClient(t testing.TB, addr string) *redis.Client {
 	return rdb
 }
 
+// unstamp returns the entry of the value v under key k without its stamp
+// ('T' and the 6 bytes of the time the entry entered its state; see
+// redisstore's Layout), failing the test when it has none: every entry
+// this release writes is stamped.
+func unstamp(t testing.TB, k string, v []byte) []byte {
+	t.Helper()
+	if len(v) < 8 || v[0] != 'T' {
+		t.Fatalf("%s holds %q: not a stamped entry", k, v)
+	}
+	return v[7:]
+}
+
 // checkTTLs checks that every record key under prefix has a TTL: at most
 // lease while in flight ('P'), at most ttl when done ('C'). It returns the
 // number of each.
@@ -556,6 +568,7 @@ func checkTTLs(t testing.TB, ctx context.Context, rdb *redis.Client, prefix stri
 		if pttl == -2*time.Nanosecond || pttl == -2*time.Millisecond {
 			continue // expired in between
 		}
+		v = string(unstamp(t, k, []byte(v)))
 		max := ttl
 		switch v[0] {
 		case 'P':
