@@ -96,6 +96,15 @@ type Event struct {
 	// including the handler when it ran, and the background retries of the
 	// finish when there were some.
 	Duration time.Duration
+	// Handler is how long the handler (or Do's function) ran, until it
+	// returned or panicked; 0 when it did not run (a replay, a conflict, a
+	// refusal, FailedOpen).
+	Handler time.Duration
+	// Retries is how many times the middleware tried again, in the
+	// background, to store the result or release the key after the
+	// store failed when the handler had finished (see WithLease); 0 when
+	// the first attempt did.
+	Retries int
 	// Err is nil for Executed, Replayed and Released after a normal
 	// return (for [Middleware.Do], Released carries fn's error).
 	// Otherwise it wraps one of the package's Err values, the

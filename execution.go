@@ -50,6 +50,7 @@ func (e *execution) run(timing string, next Next, fn func(context.Context) ([]by
 	defer m.work.done()
 	m.beats.start(&e.beat, e.caller, e.skey, e.owner)
 	returned := false
+	began := time.Now()
 	defer func() {
 		if returned {
 			return
@@ -58,19 +59,20 @@ func (e *execution) run(timing string, next Next, fn func(context.Context) ([]by
 		// returns nil and the goroutine goes on unwinding; panic(nil) is
 		// a *runtime.PanicNilError since Go 1.21).
 		p := recover()
+		e.handler = time.Since(began)
 		e.end(&PanicError{Value: p, Goexit: p == nil})
 		if p != nil {
 			panic(p)
 		}
 	}()
-	began := time.Now()
 	if next != nil {
 		next(e.cw, e.r)
 	} else {
 		e.result, e.err = fn(&e.ctx)
 	}
 	returned = true
-	m.runs.observe(timing, time.Since(began))
+	e.handler = time.Since(began)
+	m.runs.observe(timing, e.handler)
 	e.end(nil)
 }
 

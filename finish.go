@@ -57,6 +57,8 @@ type finish struct {
 	route       string          // as events report it
 	start       time.Time       // of the middleware, for Event.Duration
 	skey, owner string
+	handler     time.Duration // how long the handler ran, for Event.Handler
+	retries     int           // background attempts made, for Event.Retries
 }
 
 // release releases the key of an execution that ended with outcome
@@ -144,7 +146,7 @@ func (f *finish) complete(ctx context.Context, b []byte) error {
 func (f *finish) emit(ctx context.Context, o Outcome, status int, err error) {
 	if f.m.cfg.observer != nil {
 		f.m.emit(Event{Outcome: o, Method: f.method, Route: f.route, Status: status,
-			Duration: time.Since(f.start), Err: err, Context: ctx})
+			Duration: time.Since(f.start), Handler: f.handler, Retries: f.retries, Err: err, Context: ctx})
 	}
 }
 
@@ -226,6 +228,7 @@ func (f *finish) later(outcome Outcome, status int, cause, first error, size int
 				delay = min(2*delay, retryMax)
 			}
 			ctx, cancel := context.WithDeadline(base, deadline)
+			fc.retries++
 			e := op(ctx)
 			timedOut := ctx.Err() != nil
 			cancel()

@@ -253,3 +253,59 @@ func TestObserverPanicInBackgroundRetry(t *testing.T) {
 		}
 	})
 }
+
+// An event tells how long the handler ran and how many background
+// attempts the finish took; InFlight counts the execution from its lease
+// to its stored result, background attempts included. (A bubble's clock:
+// the handler's two seconds are exact.)
+func TestEventHandlerRetriesInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memstore.New()
+		defer mem.Close()
+		var failures atomic.Int64
+		failures.Store(2)
+		store := &hookStore{Store: mem, complete: func(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
+			if failures.Add(-1) >= 0 {
+				return errOOM
+			}
+			return mem.Complete(ctx, key, owner, rec, ttl)
+		}}
+		events := make(chan idem.Event, 2)
+		m, err := idem.New(store, idem.WithObserver(func(ev idem.Event) { events <- ev }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := make(chan int, 1)
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			running <- m.InFlight()
+			time.Sleep(2 * time.Second)
+			w.WriteHeader(201)
+		}))
+		if n := m.InFlight(); n != 0 {
+			t.Fatalf("InFlight before any request: %d", n)
+		}
+		if w := serve(h, "k", ""); w.Code != 201 {
+			t.Fatalf("status %d", w.Code)
+		}
+		if n := <-running; n != 1 {
+			t.Errorf("InFlight while the handler ran: %d, want 1", n)
+		}
+		if n := m.InFlight(); n != 1 {
+			t.Errorf("InFlight while the result is retried in the background: %d, want 1", n)
+		}
+		ev := <-events
+		if ev.Outcome != idem.Executed || ev.Handler != 2*time.Second || ev.Retries != 2 {
+			t.Errorf("event %v, handler %v, %d retries; want executed, 2s, 2", ev.Outcome, ev.Handler, ev.Retries)
+		}
+		synctest.Wait()
+		if n := m.InFlight(); n != 0 {
+			t.Errorf("InFlight once stored: %d, want 0", n)
+		}
+		if w := serve(h, "k", ""); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry: %d %v", w.Code, w.Header())
+		}
+		if ev := <-events; ev.Outcome != idem.Replayed || ev.Handler != 0 || ev.Retries != 0 {
+			t.Errorf("replay's event %v, handler %v, %d retries; want 0 and 0", ev.Outcome, ev.Handler, ev.Retries)
+		}
+	})
+}

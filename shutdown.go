@@ -67,6 +67,13 @@ func (w *work) shutdown() <-chan struct{} {
 	return w.idle
 }
 
+// InFlight returns how many executions the middleware has under way in
+// this process: handlers running (a request's, or Do's function) and
+// results being stored, background retries included. It is what
+// [Middleware.Shutdown] waits for, and a gauge for metrics (idemotel
+// reports it).
+func (m *Middleware) InFlight() int { return m.work.count() }
+
 // Shutdown waits until every execution the middleware started has ended:
 // each handler has returned and its response is stored (or its key
 // released), including the background retries that follow a store failure
