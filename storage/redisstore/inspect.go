@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -284,8 +285,10 @@ func (s *Store) nodes(ctx context.Context) ([]node, error) {
 		err = c.ForEachMaster(ctx, add)
 	case *redis.Ring:
 		err = c.ForEachShard(ctx, add)
+	case *redis.Client:
+		nodes = []node{{cmp.Or(c.Options().Addr, "server"), c}}
 	default:
-		nodes = []node{{"-", s.rdb}}
+		nodes = []node{{"server", s.rdb}}
 	}
 	if err != nil {
 		return nil, err

@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemadmin"
+	"github.com/idemkit/idem/internal/redistest"
+	"github.com/idemkit/idem/nethttp"
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestInspect: inspect shows a done entry, named by its storage key or by
+// the client's key, with its response's status, type and size but not its
+// body or headers, which -body adds; an entry in flight with its lease;
+// Do's entry by -op, an issued key by -issued; and exits 3 for a key with
+// no entry (one starting with "-" after "--").
+func TestInspect(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		s.order("order-1")
+		key := skey("order-1")
+		const body = `{"order":1}`
+
+		out, _ := mustRun(t, 0, "", append(flags, "inspect", key)...)
+		byClientKey, _ := mustRun(t, 0, "", append(flags, "inspect", "-scope", scope, "-method", "POST", "-route", route, "order-1")...)
+		for _, out := range []string{out, byClientKey} {
+			for name, want := range map[string]string{
+				"key": key, "state": "done", "status": "201", "content type": "application/json",
+				"body size": fmt.Sprint(len(body), " bytes"),
+			} {
+				if got := field(out, name); got != want {
+					t.Errorf("%s: %q, want %q in:\n%s", name, got, want, out)
+				}
+			}
+			if !strings.HasSuffix(field(out, "since"), " ago)") || field(out, "expires in") == "" || field(out, "lease left") != "" {
+				t.Errorf("since, expires in, lease left of a done entry:\n%s", out)
+			}
+			if strings.Contains(out, body) || strings.Contains(out, "/orders/1") {
+				t.Errorf("without -body, the body or a header is shown:\n%s", out)
+			}
+		}
+
+		out, _ = mustRun(t, 0, "", append(flags, "inspect", "-body", key)...)
+		if !strings.HasSuffix(out, "\n"+body+"\n") || !strings.Contains(out, "header") || !strings.Contains(out, "Location: /orders/1") {
+			t.Errorf("with -body, want the headers and then the body:\n%s", out)
+		}
+
+		var e, full idemadmin.Entry
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "inspect", key)...)
+		decode(t, out, &e)
+		if e.Key != key || e.State != "done" || e.Response == nil || e.Response.Status != http.StatusCreated ||
+			e.Response.Body != nil || e.Response.Header != nil {
+			t.Errorf("-json: %+v, want the done entry with a 201, without body and headers", e)
+		}
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "inspect", "-body", key)...)
+		decode(t, out, &full)
+		if r := full.Response; r == nil || string(r.Body) != body || r.Header.Get("Location") != "/orders/1" {
+			t.Errorf("-json -body: %s, want the body and headers", out)
+		}
+
+		release := s.orderHeld("order-2")
+		out, _ = mustRun(t, 0, "", append(flags, "inspect", "-scope", scope, "-method", "POST", "-route", route, "order-2")...)
+		if field(out, "state") != "in_flight" || field(out, "lease left") == "" || field(out, "status") != "" {
+			t.Errorf("an entry in flight:\n%s", out)
+		}
+		release()
+
+		s.do("payments", "pay-1", "credited")
+		out, _ = mustRun(t, 0, "", append(flags, "inspect", "-body", "-op", "payments", "pay-1")...)
+		if field(out, "key") != idem.OperationStorageKey("payments", "pay-1") || field(out, "state") != "done" ||
+			!strings.HasSuffix(out, "\ncredited\n") {
+			t.Errorf("Do's entry:\n%s", out)
+		}
+
+		issued := s.issue()
+		out, _ = mustRun(t, 0, "", append(flags, "inspect", "-issued", "-scope", scope, issued)...)
+		if field(out, "key") != idem.IssuedStorageKey(scope, issued) || field(out, "state") != "issued" {
+			t.Errorf("an issued key:\n%s", out)
+		}
+
+		for _, args := range [][]string{{"inspect", skey("order-3")}, {"inspect", "--", "-order-3"}} {
+			out, errOut := mustRun(t, exitNotFound, "", append(flags, args...)...)
+			if out != "" || !strings.Contains(errOut, "no such entry") {
+				t.Errorf("idemctl %q, a key never sent: stdout %q, stderr %q", args, out, errOut)
+			}
+		}
+	})
+}
+
+// TestLs: ls lists the entries of a state, by age, oldest first, at most
+// -limit of them with a last line (or "more") when there were more.
+func TestLs(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		for _, k := range []string{"order-1", "order-2", "order-3"} {
+			s.order(k)
+		}
+		s.orderHeld("order-4")
+		done := []string{skey("order-1"), skey("order-2"), skey("order-3")}
+
+		out, _ := mustRun(t, 0, "", append(flags, "ls", "-in-flight", "-older-than", "0s")...)
+		table, last := rows(t, out)
+		if len(table) != 1 || table[0][0] != skey("order-4") || table[0][1] != "in_flight" || table[0][3] == "-" || last != "" {
+			t.Errorf("ls -in-flight -older-than 0s: want the entry in flight, with its lease left:\n%s", out)
+		}
+		out, _ = mustRun(t, 0, "", append(flags, "ls", "-in-flight", "-older-than", "1h")...)
+		if out != "no entries\n" {
+			t.Errorf("ls -in-flight -older-than 1h: %q, want no entries", out)
+		}
+		var l listing
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "ls", "-in-flight", "-older-than", "1h")...)
+		decode(t, out, &l)
+		if l.Entries == nil || len(l.Entries) != 0 || l.More {
+			t.Errorf("-json ls -in-flight -older-than 1h: %s", out)
+		}
+
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "ls", "-done")...)
+		decode(t, out, &l)
+		var keys []string
+		for i, e := range l.Entries {
+			keys = append(keys, e.Key)
+			if e.State != "done" || e.Since == nil || e.Response != nil || e.Size == 0 {
+				t.Errorf("-json ls -done: %+v", e)
+			}
+			if i > 0 && e.Since.Before(*l.Entries[i-1].Since) {
+				t.Errorf("-json ls -done: not oldest first: %s", out)
+			}
+		}
+		if slices.Sort(keys); !slices.Equal(keys, slices.Sorted(slices.Values(done))) || l.More {
+			t.Errorf("-json ls -done: %s, want %q and no more", out, done)
+		}
+		oldest := l.Entries
+
+		out, _ = mustRun(t, 0, "", append(flags, "ls", "-done", "-limit", "2")...)
+		table, last = rows(t, out)
+		if len(table) != 2 || table[0][0] != oldest[0].Key || table[1][0] != oldest[1].Key || !strings.Contains(last, "-limit 2") {
+			t.Errorf("ls -done -limit 2: want the two oldest of %q, and a line that says there were more:\n%s", done, out)
+		}
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "ls", "-done", "-limit", "2")...)
+		decode(t, out, &l)
+		if len(l.Entries) != 2 || !l.More {
+			t.Errorf("-json ls -done -limit 2: %s, want two entries and more", out)
+		}
+
+		out, _ = mustRun(t, 0, "", append(flags, "ls")...)
+		if table, last = rows(t, out); len(table) != 4 || last != "" {
+			t.Errorf("ls: want the four entries:\n%s", out)
+		}
+	})
+}
+
+// TestRm: rm removes an entry when the operator answers y, or with -yes,
+// and the next request with its key runs the handler again; with another
+// answer, or none, it removes nothing and exits 4; it exits 3 for a key
+// with no entry.
+func TestRm(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		s.order("order-1")
+		s.order("order-2")
+
+		for _, answer := range []string{"n\n", "", "maybe\n"} {
+			out, errOut := mustRun(t, exitNotConfirmed, answer, append(flags, "rm", skey("order-1"))...)
+			if out != "" || !strings.Contains(errOut, "state") || !strings.Contains(errOut, "remove it? [y/N]") || !strings.Contains(errOut, "not removed") {
+				t.Errorf("rm answered %q: stdout %q, stderr %q", answer, out, errOut)
+			}
+		}
+		if _, err := store.Lookup(context.Background(), skey("order-1"), false); err != nil {
+			t.Fatalf("the entry not removed: %v", err)
+		}
+		if w := s.order("order-1"); w.Header().Get("Idempotent-Replayed") != "true" || s.runs.Load() != 2 {
+			t.Fatalf("a retry before rm: replayed %q, %d runs; want a replay", w.Header().Get("Idempotent-Replayed"), s.runs.Load())
+		}
+
+		out, _ := mustRun(t, 0, "y\n", append(flags, "rm", skey("order-2"))...)
+		if field(out, "key") != skey("order-2") || !strings.HasSuffix(out, "removed\n") {
+			t.Errorf("rm answered y:\n%s", out)
+		}
+		if _, err := store.Lookup(context.Background(), skey("order-2"), false); !errors.Is(err, storage.ErrNotFound) {
+			t.Errorf("after rm answered y: %v, want no entry", err)
+		}
+
+		var e idemadmin.Entry
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "rm", "-yes", "-scope", scope, "-method", "POST", "-route", route, "order-1")...)
+		decode(t, out, &e)
+		if e.Key != skey("order-1") || e.State != "done" {
+			t.Errorf("-json rm -yes: %+v", e)
+		}
+		w := s.order("order-1")
+		if w.Header().Get("Idempotent-Replayed") != "" || s.runs.Load() != 3 || w.Body.String() != `{"order":3}` {
+			t.Errorf("the order after rm -yes: %s, replayed %q, %d runs; want the handler to run again",
+				w.Body, w.Header().Get("Idempotent-Replayed"), s.runs.Load())
+		}
+
+		for _, args := range [][]string{{"rm", skey("order-9")}, {"rm", "-yes", skey("order-9")}} {
+			if out, errOut := mustRun(t, exitNotFound, "y\n", append(flags, args...)...); out != "" || !strings.Contains(errOut, "no such entry") {
+				t.Errorf("idemctl %q: stdout %q, stderr %q", args, out, errOut)
+			}
+		}
+	})
+}
+
+// TestRmLocked: while a transaction that fenced the entry is open, rm
+// removes nothing, says why, and exits 1.
+func TestRmLocked(t *testing.T) {
+	pool, store, flags := openPG(t)
+	m, err := idem.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, hold := make(chan error, 1), make(chan struct{})
+	app := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := pool.Begin(r.Context())
+		if err == nil {
+			if err = store.Fence(r.Context(), tx); err != nil {
+				tx.Rollback(r.Context())
+			}
+		}
+		held <- err
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		<-hold
+		tx.Commit(r.Context())
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan int, 1)
+	go func() {
+		r, _ := http.NewRequest(http.MethodPost, "/orders", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", "order-1")
+		w := httptest.NewRecorder()
+		app.ServeHTTP(w, r)
+		done <- w.Code
+	}()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	key := idem.StorageKey("", "POST", "/orders", "order-1")
+	_, errOut := mustRun(t, exitFailed, "", append(flags, "rm", "-yes", key)...)
+	close(hold)
+	if !strings.Contains(errOut, "locked by a transaction") {
+		t.Errorf("rm of a fenced entry: %q", errOut)
+	}
+	if status := <-done; status != http.StatusCreated {
+		t.Errorf("the fenced request: %d", status)
+	}
+	if e, err := store.Lookup(context.Background(), key, false); err != nil || e.State != storage.Done {
+		t.Errorf("after rm of a fenced entry: %+v, %v; want it done", e, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.Shutdown(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestStats: stats counts the entries by state, and names the oldest in
+// flight.
+func TestStats(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		s.order("order-1")
+		s.do("payments", "pay-1", "credited")
+		s.issue()
+		s.orderHeld("order-2")
+
+		out, _ := mustRun(t, 0, "", append(flags, "stats")...)
+		for name, want := range map[string]string{"in_flight": "1", "done": "2", "committed": "0", "issued": "1"} {
+			if got := field(out, name); got != want {
+				t.Errorf("%s: %q, want %q in:\n%s", name, got, want, out)
+			}
+		}
+		if !strings.HasPrefix(field(out, "oldest in flight"), skey("order-2")+", ") {
+			t.Errorf("oldest in flight: want %s in:\n%s", skey("order-2"), out)
+		}
+		var st idemadmin.Stats
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "stats")...)
+		decode(t, out, &st)
+		if st.Entries["in_flight"] != 1 || st.Entries["done"] != 2 || st.Entries["issued"] != 1 ||
+			st.OldestInFlight == nil || st.OldestInFlight.Key != skey("order-2") {
+			t.Errorf("-json stats: %s", out)
+		}
+	})
+}
+
+// TestCluster: on a Redis Cluster, ls and stats find the entries of every
+// master, and inspect finds an entry wherever it is.
+func TestCluster(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { rdb.Close() })
+	prefix := "idemctl-test:" + rand.Text()[:10] + ":"
+	s := newShop(t, redisstore.New(rdb, redisstore.WithPrefix(prefix)))
+	var want []string
+	for i := range 48 {
+		key := fmt.Sprint("job-", i)
+		s.do("jobs", key, "ran")
+		want = append(want, idem.OperationStorageKey("jobs", key))
+	}
+	slices.Sort(want)
+	// 48 keys of random slots: every master holds some, but once in about
+	// 10^8 runs.
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		keys, _, err := node.Scan(context.Background(), 0, prefix+"*", 1000).Result()
+		node.Close()
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("master %s holds %d entries (%v): the test needs some on every master", addr, len(keys), err)
+		}
+	}
+	flags := []string{"-redis-cluster", strings.Join(addrs, ","), "-prefix", prefix}
+
+	var l listing
+	out, _ := mustRun(t, 0, "", append(flags, "-json", "ls", "-limit", "1000")...)
+	decode(t, out, &l)
+	var got []string
+	for _, e := range l.Entries {
+		got = append(got, e.Key)
+	}
+	if slices.Sort(got); !slices.Equal(got, want) || l.More {
+		t.Errorf("ls on the cluster: %d entries %q, want the %d of every master", len(got), got, len(want))
+	}
+	var st idemadmin.Stats
+	out, _ = mustRun(t, 0, "", append(flags, "-json", "stats")...)
+	decode(t, out, &st)
+	if st.Entries["done"] != len(want) {
+		t.Errorf("stats on the cluster: %s, want %d done", out, len(want))
+	}
+	for _, key := range []string{"job-0", "job-47"} {
+		if out, _ := mustRun(t, 0, "", append(flags, "inspect", "-body", "-op", "jobs", key)...); field(out, "state") != "done" || !strings.HasSuffix(out, "\nran\n") {
+			t.Errorf("inspect %s on the cluster:\n%s", key, out)
+		}
+	}
+}
+
+// TestUsage: bad flags, no store or two, an unknown command, no KEY or a
+// bad one exit 2 and say why, without printing a DSN or a password; -h
+// prints the help and exits 0.
+func TestUsage(t *testing.T) {
+	t.Setenv(envRedisAddr, "")
+	t.Setenv(envRedisCluster, "")
+	t.Setenv(envPGDSN, "")
+	const pg = "postgres://u:s3cr3tpw@localhost/db"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"stats"}, "no store"},
+		{[]string{"-redis", "localhost:6379", "-pg", pg, "stats"}, "one store at a time"},
+		{[]string{"-redis", "localhost:6379", "-redis-cluster", "localhost:7000", "stats"}, "one store at a time"},
+		{[]string{"-redis", "localhost:6379", "frob"}, `unknown command "frob"`},
+		{[]string{"-redis", "localhost:6379", "-nope", "stats"}, "-nope"},
+		{[]string{"-redis", "localhost:6379", "-timeout", "0s", "stats"}, "-timeout"},
+		{[]string{"-redis", "localhost:6379", "inspect"}, "no KEY"},
+		{[]string{"-redis", "localhost:6379", "rm"}, "no KEY"},
+		{[]string{"-redis", "localhost:6379", "inspect", "KEY", "-body"}, "one KEY, after the flags"},
+		{[]string{"-redis", "localhost:6379", "inspect", "-method", "POST", "KEY"}, "-method and -route"},
+		{[]string{"-redis", "localhost:6379", "inspect", "-op", "jobs", "-route", "/x", "KEY"}, "-op"},
+		{[]string{"-redis", "localhost:6379", "rm", "-issued", "-op", "jobs", "KEY"}, "-issued"},
+		{[]string{"-redis", "localhost:6379", "ls", "-done", "-issued"}, "one state at most"},
+		{[]string{"-redis", "localhost:6379", "ls", "-limit", "0"}, "-limit"},
+		{[]string{"-redis", "localhost:6379", "ls", "-older-than", "-1s"}, "-older-than"},
+		{[]string{"-redis", "localhost:6379", "ls", "KEY"}, "no arguments"},
+		{[]string{"-redis", "localhost:6379", "stats", "KEY"}, "no arguments"},
+		{[]string{"-redis", "localhost:6379", "-table", "t", "stats"}, "-table is for a PostgreSQL store"},
+		{[]string{"-pg", pg, "-prefix", "p:", "stats"}, "-prefix is for a Redis store"},
+		{[]string{"-pg", pg, "-table", "Bad-Name", "stats"}, "-table"},
+		{[]string{"-pg", "postgres://u:s3cr3tpw@localhost:port/db", "stats"}, "-pg is not a connection string"},
+		{[]string{"-redis-url", "http://u:s3cr3tpw@localhost", "stats"}, "-redis-url is not a URL"},
+	} {
+		out, errOut := mustRun(t, exitUsage, "", c.args...)
+		if out != "" || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "idemctl -h") || strings.Contains(errOut, "s3cr3tpw") {
+			t.Errorf("idemctl %q: stdout %q, stderr %q; want %q", c.args, out, errOut, c.want)
+		}
+	}
+	for _, args := range [][]string{{"-h"}, {"help"}, {"inspect", "-h"}, {"-redis", "localhost:6379", "ls", "-h"}} {
+		if out, errOut := mustRun(t, 0, "", args...); out != help || errOut != "" {
+			t.Errorf("idemctl %q: stdout %q, stderr %q; want the help", args, out, errOut)
+		}
+	}
+}
+
+// TestEnvironment: without a store flag, the environment names the store,
+// one at most; a store flag overrides it.
+func TestEnvironment(t *testing.T) {
+	_, flags := openRedis(t)
+	addr, prefix := flags[1], flags[3]
+	t.Setenv(envRedisCluster, "")
+	t.Setenv(envRedisAddr, addr)
+	t.Setenv(envPGDSN, "")
+	if out, _ := mustRun(t, 0, "", "-prefix", prefix, "stats"); field(out, "done") != "0" {
+		t.Errorf("stats on %s=%s:\n%s", envRedisAddr, addr, out)
+	}
+	t.Setenv(envPGDSN, "postgres://u:s3cr3tpw@localhost/db")
+	if _, errOut := mustRun(t, exitUsage, "", "stats"); !strings.Contains(errOut, "set in the environment") || strings.Contains(errOut, "s3cr3tpw") {
+		t.Errorf("two stores in the environment: %q", errOut)
+	}
+	mustRun(t, 0, "", "-redis", addr, "-prefix", prefix, "stats")
+}
+
+// TestUnreachable: a store that cannot be reached exits 1, without
+// printing a DSN or a password.
+func TestUnreachable(t *testing.T) {
+	addr := closedAddr(t)
+	for _, flags := range [][]string{
+		{"-redis", addr},
+		{"-redis-url", "redis://:s3cr3tpw@" + addr + "/0"},
+		{"-redis-cluster", addr},
+		{"-pg", "postgres://u:s3cr3tpw@" + addr + "/db?sslmode=disable"},
+	} {
+		for _, cmd := range [][]string{{"stats"}, {"ls"}, {"inspect", "KEY"}, {"rm", "-yes", "KEY"}} {
+			args := append(slices.Clone(flags), cmd...)
+			out, errOut := mustRun(t, exitFailed, "", args...)
+			if out != "" || !strings.Contains(errOut, "idemctl: ") || strings.Contains(errOut, "s3cr3tpw") || strings.Contains(errOut, "idemctl -h") {
+				t.Errorf("idemctl %q: stdout %q, stderr %q", args, out, errOut)
+			}
+		}
+	}
+}

@@ -1,0 +1,358 @@
+// Command idemctl shows an operator what an idem store holds, and removes
+// an entry by hand: "why does this retry get 409?", "which executions are
+// stuck, and since when?", "forget this key, the order was refunded by
+// hand". It works on the stores a service shares, Redis (redisstore) and
+// PostgreSQL (pgstore), through their storage.Inspector, and prints what
+// package idemadmin shows: its JSON with -json.
+//
+//	idemctl [global flags] inspect [-body] [key flags] KEY
+//	idemctl [global flags] ls [-in-flight | -done | -committed | -issued] [-older-than D] [-limit N]
+//	idemctl [global flags] rm [-yes] [key flags] KEY
+//	idemctl [global flags] stats
+//
+// For example:
+//
+//	idemctl -redis localhost:6379 ls -in-flight -older-than 1m
+//	idemctl -pg "$DATABASE_URL" inspect -scope "$AUTH" -method POST -route 'POST /orders' order-42
+//	idemctl -redis localhost:6379 -json stats
+//
+// The global flags come before the command, the command's own flags after
+// it and before KEY. They name exactly one store: -redis host:port
+// ($IDEM_REDIS_ADDR), -redis-url redis://... (a password, a database,
+// TLS with rediss://), or -redis-cluster host:port,... for a Redis
+// Cluster ($IDEM_REDIS_CLUSTER), with -prefix, the store's key prefix
+// (redisstore.WithPrefix; default "idem:"); or -pg DSN ($IDEM_PG_DSN),
+// with -table, the store's table (pgstore.WithTable; default
+// "idem_keys"). The environment is read only when no store flag is given.
+// idemctl never prints a DSN, a URL or a password. -json prints JSON
+// instead of text; -timeout (default 30s) bounds the command, except for
+// the time rm waits for its answer.
+//
+// inspect shows one entry, one field per line: its key, state, since when
+// (and how long ago), the lease left (in flight or committed), when the
+// store forgets it, and for a done entry the size of its record and the
+// status, content type and body size of its response. -body adds the
+// stored headers and the body, which are never printed without it (they
+// hold what the application sent to its client).
+//
+// KEY is the storage key, as ls lists it (idem.Info.StorageKey); a KEY
+// that starts with "-" follows "--". Or name the entry as the middleware
+// derives it from the client's key: -scope S -method M -route R KEY for a
+// request's key (S is what the middleware's scope function returns, by
+// default the request's Authorization header, whole; R the route as the
+// adapter names it: net/http's mux pattern such as "POST /orders", Gin's
+// c.FullPath(), Echo's c.Path()); -op OP KEY for Middleware.Do's; -issued
+// -scope S KEY for a key issued under idem.WithIssuedKeys. See
+// idem.StorageKey.
+//
+// ls lists the entries of one state (-in-flight, -done, -committed,
+// -issued; all of them without), those that entered it at least
+// -older-than ago (such as the executions in flight for more than a
+// minute), oldest first, one line each: KEY STATE AGE LEASE-LEFT
+// EXPIRES-IN SIZE. It prints at most -limit entries (default 100), and
+// says so in a last line when there were more. PostgreSQL lists the
+// entries of one state oldest first, so these are the oldest; Redis lists
+// in no order, so on Redis they are the oldest of the first entries found.
+//
+// rm shows the entry and asks "remove it? [y/N]" on standard error, and
+// removes it only when the answer, read from standard input, is y or yes;
+// -yes removes without asking. It prints the entry as it was removed. The
+// key is then free: the next request with it runs the handler again (for
+// an issued key: the key is spent). While a transaction that fenced the
+// entry (pgstore's Store.Fence) is open, nothing is removed: try again.
+//
+// stats counts the entries by state, and names the oldest in flight. It
+// reads every entry of the store: on a large store it takes a while.
+//
+// Exit status: 0 done; 1 the store failed or could not be reached, or the
+// entry is locked by a transaction; 2 a usage error (a bad flag, no store
+// or two, no KEY or a bad one); 3 no such entry (inspect, rm); 4 rm was not
+// confirmed.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/idemkit/idem/storage/redisstore"
+)
+
+// help is what idemctl -h prints.
+const help = `idemctl shows what an idem store holds, and removes an entry by hand.
+
+Usage:
+
+  idemctl [global flags] inspect [-body] [key flags] KEY
+  idemctl [global flags] ls [-in-flight | -done | -committed | -issued] [-older-than D] [-limit N]
+  idemctl [global flags] rm [-yes] [key flags] KEY
+  idemctl [global flags] stats
+
+  idemctl -redis localhost:6379 ls -in-flight -older-than 1m
+  idemctl -pg "$DATABASE_URL" inspect -scope "$AUTH" -method POST -route 'POST /orders' order-42
+
+Global flags, before the command. Exactly one store:
+
+  -redis host:port           Redis ($IDEM_REDIS_ADDR)
+  -redis-url URL             Redis by URL: redis://user:password@host:port/db, rediss:// for TLS
+  -redis-cluster host:port,...
+                             a Redis Cluster, by some of its nodes ($IDEM_REDIS_CLUSTER)
+  -prefix P                  the Redis store's key prefix (default "` + redisstore.DefaultPrefix + `")
+  -pg DSN                    PostgreSQL ($IDEM_PG_DSN)
+  -table T                   the PostgreSQL store's table (default "` + pgstore.DefaultTable + `")
+
+  The environment is read only when no store flag is given.
+
+  -json                      print JSON (package idemadmin's) instead of text
+  -timeout D                 bound the command, but for rm's question (default 30s)
+
+Commands:
+
+  inspect KEY   one entry, a field per line; for a done entry its response's
+                status, content type and body size
+      -body     also print the stored headers and body
+
+  ls            the entries, oldest first: KEY STATE AGE LEASE-LEFT EXPIRES-IN SIZE
+      -in-flight, -done, -committed, -issued
+                only the entries in that state (default: all)
+      -older-than D
+                only those in their state for at least D, such as 1m
+      -limit N  print at most N entries (default 100); on Redis, the oldest
+                of the first entries found
+
+  rm KEY        show the entry, ask "remove it? [y/N]" on stderr, remove it on
+                y or yes, and print it as it was; the next request with its key
+                runs the handler again
+      -yes      do not ask
+
+  stats         the entries by state, and the oldest in flight (reads them all)
+
+KEY is the storage key, as ls lists it (a KEY starting with "-" follows "--"),
+or, with key flags, the key the client sent, named as the middleware does:
+
+  -scope S -method M -route R KEY   a request's key: S is what the scope function
+                                    returns (by default the Authorization header),
+                                    R the route, such as 'POST /orders'
+  -op OP KEY                        Middleware.Do's key for the operation OP
+  -issued -scope S KEY              a key issued under WithIssuedKeys
+
+Exit status: 0 done; 1 the store failed or is unreachable, or the entry is
+locked by a transaction; 2 usage error; 3 no such entry; 4 rm not confirmed.
+`
+
+// Exit statuses.
+const (
+	exitFailed       = 1 // the store failed or is unreachable, or the entry is locked
+	exitUsage        = 2 // bad flags, no store or two, no KEY or a bad one
+	exitNotFound     = 3 // no such entry
+	exitNotConfirmed = 4 // rm was not confirmed
+)
+
+// Environment variables that name the store when no flag does.
+const (
+	envRedisAddr    = "IDEM_REDIS_ADDR"
+	envRedisCluster = "IDEM_REDIS_CLUSTER"
+	envPGDSN        = "IDEM_PG_DSN"
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// failure is an error that ends idemctl with an exit status of its own.
+type failure struct {
+	code int
+	msg  string
+}
+
+func (f *failure) Error() string { return f.msg }
+
+// usageError is a failure with exit status 2.
+func usageError(format string, args ...any) error {
+	return &failure{exitUsage, fmt.Sprintf(format, args...)}
+}
+
+// run runs idemctl with the arguments args (without the program's name)
+// and returns its exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
+	err := c.run(ctx, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, help)
+		return 0
+	}
+	if err == nil {
+		return 0
+	}
+	msg, code := err.Error(), exitFailed
+	var f *failure
+	if errors.As(err, &f) {
+		code = f.code
+	}
+	fmt.Fprintln(stderr, "idemctl: "+c.scrub(msg))
+	if code == exitUsage {
+		fmt.Fprintln(stderr, "run 'idemctl -h' for help")
+	}
+	return code
+}
+
+// cli is one run of idemctl.
+type cli struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	globals
+	given map[string]bool // the global flags given, by name
+	store storage.Inspector
+
+	// parent is run's context, and deadline the end of the -timeout
+	// that bounds the command.
+	parent   context.Context
+	deadline time.Time
+
+	// secrets are never printed: the DSN or URL, and its password.
+	secrets []string
+}
+
+// globals are the global flags.
+type globals struct {
+	redis, redisURL, redisCluster, prefix string
+	pg, table                             string
+	json                                  bool
+	timeout                               time.Duration
+}
+
+// command is one of idemctl's commands, run with the arguments after its
+// name.
+type command func(c *cli, ctx context.Context, args []string) error
+
+// commands are idemctl's commands by name.
+var commands = map[string]command{
+	"inspect": (*cli).inspect,
+	"ls":      (*cli).ls,
+	"rm":      (*cli).rm,
+	"stats":   (*cli).stats,
+}
+
+// run parses the global flags and runs the command they are followed by.
+func (c *cli) run(ctx context.Context, args []string) error {
+	g := &c.globals
+	fs := newFlagSet("idemctl")
+	fs.StringVar(&g.redis, "redis", "", "")
+	fs.StringVar(&g.redisURL, "redis-url", "", "")
+	fs.StringVar(&g.redisCluster, "redis-cluster", "", "")
+	fs.StringVar(&g.prefix, "prefix", redisstore.DefaultPrefix, "")
+	fs.StringVar(&g.pg, "pg", "", "")
+	fs.StringVar(&g.table, "table", pgstore.DefaultTable, "")
+	fs.BoolVar(&g.json, "json", false, "")
+	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return usageError("no command: inspect, ls, rm or stats")
+	}
+	name, args := fs.Arg(0), fs.Args()[1:]
+	if name == "help" {
+		return flag.ErrHelp
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		return usageError("unknown command %q: inspect, ls, rm or stats", name)
+	}
+	if g.timeout <= 0 {
+		return usageError("-timeout must be positive")
+	}
+	c.given = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.given[f.Name] = true })
+	// The command checks its flags before it opens the store.
+	c.parent, c.deadline = ctx, time.Now().Add(g.timeout)
+	ctx, cancel := context.WithDeadline(ctx, c.deadline)
+	defer cancel()
+	return cmd(c, ctx, args)
+}
+
+// chooseStore checks that g names exactly one store, by flags, or else by
+// the environment; set holds the names of the global flags given.
+func (g *globals) chooseStore(set map[string]bool) error {
+	given := "given"
+	if !set["redis"] && !set["redis-url"] && !set["redis-cluster"] && !set["pg"] {
+		g.redis, g.redisCluster, g.pg = os.Getenv(envRedisAddr), os.Getenv(envRedisCluster), os.Getenv(envPGDSN)
+		given = "set in the environment"
+	}
+	var named []string
+	for _, s := range []struct{ name, value string }{
+		{"-redis (" + envRedisAddr + ")", g.redis},
+		{"-redis-url", g.redisURL},
+		{"-redis-cluster (" + envRedisCluster + ")", g.redisCluster},
+		{"-pg (" + envPGDSN + ")", g.pg},
+	} {
+		if s.value != "" {
+			named = append(named, s.name)
+		}
+	}
+	switch {
+	case len(named) == 0:
+		return usageError("no store: give -redis, -redis-url, -redis-cluster or -pg, or set %s, %s or %s",
+			envRedisAddr, envRedisCluster, envPGDSN)
+	case len(named) > 1:
+		return usageError("one store at a time; %s: %s", given, strings.Join(named, ", "))
+	case g.pg != "" && set["prefix"]:
+		return usageError("-prefix is for a Redis store; a PostgreSQL store has a -table")
+	case g.pg == "" && set["table"]:
+		return usageError("-table is for a PostgreSQL store; a Redis store has a -prefix")
+	}
+	return nil
+}
+
+// newFlagSet returns a flag set that reports its errors to its caller,
+// printing nothing.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parse parses args with fs: flag.ErrHelp for -h, a usage error for a bad
+// flag.
+func parse(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return err
+	case fs.Name() == "idemctl":
+		return usageError("%v", err)
+	}
+	return usageError("%s: %v", fs.Name(), err)
+}
+
+// storeError is the failure for err, an error of the store.
+func (c *cli) storeError(err error) error {
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return &failure{exitNotFound, "no such entry (never created, expired, or removed)"}
+	case errors.Is(err, pgstore.ErrLocked):
+		return &failure{exitFailed, "the entry is locked by a transaction under way (a handler's Fence): nothing was removed; try again"}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &failure{exitFailed, fmt.Sprintf("%v (the -timeout of %v ran out)", err, c.timeout)}
+	}
+	return &failure{exitFailed, err.Error()}
+}
+
+// scrub returns msg with the secrets masked.
+func (c *cli) scrub(msg string) string {
+	for _, s := range c.secrets {
+		if s != "" {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+		}
+	}
+	return msg
+}
