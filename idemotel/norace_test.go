@@ -1,0 +1,5 @@
+//go:build !race
+
+package idemotel_test
+
+const raceEnabled = false
