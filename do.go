@@ -68,21 +68,40 @@ import (
 // cancellation does not stop, retried in the background when the store
 // fails (see [WithLease]); [Middleware.Shutdown] waits for it. The options
 // of requests (methods, header, scope, request comparison, body limits,
-// cacheable statuses, rebuild, issued keys) do not apply to Do.
-func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+// cacheable statuses, rebuild, issued keys) do not apply to Do; the
+// call's own options do: [WithCallScope] keeps a principal's keys apart,
+// [WithCallFingerprint] refuses a key reused for other work (ErrMismatch).
+func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context.Context) ([]byte, error), opts ...CallOption) ([]byte, error) {
 	start := time.Now()
 	if err := checkBareKey(key); err != nil {
 		e := newError(ErrInvalidKey, "The idempotency key is invalid: "+err.Error()+".", 0, nil)
 		m.emit(Event{Outcome: Rejected, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
 		return nil, e
 	}
+	var c callConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
 	h := getHasher()
-	var a [storageKeyLen + ownerLen]byte
-	ids := string(appendOwner(h.appendDoKey(a[:0], op, key)))
+	var a [storageKeyLen + ownerLen + fingerprintLen]byte
+	var b []byte
+	if c.scoped {
+		b = h.appendScopedDoKey(a[:0], c.scope, op, key)
+	} else {
+		b = h.appendDoKey(a[:0], op, key)
+	}
+	b = appendOwner(b)
+	if c.fingerprinted {
+		h.buf = appendFields(h.buf[:0], "call", c.fingerprint)
+		b = append(b, h.sum128(nil)...)
+	}
 	putHasher(h)
-	skey, owner := ids[:storageKeyLen], ids[storageKeyLen:]
+	ids := string(b)
+	skey, owner, fp := ids[:storageKeyLen], ids[storageKeyLen:storageKeyLen+ownerLen], ids[storageKeyLen+ownerLen:]
 
-	res, o, e := m.acquire(ctx, op, skey, owner, "", false)
+	res, o, e := m.acquire(ctx, op, skey, owner, fp, false)
 	switch o {
 	case Executed:
 		x := &execution{finish: finish{m: m, caller: ctx, route: op, start: start, skey: skey, owner: owner}}
@@ -112,4 +131,33 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 	}
 	m.emit(Event{Outcome: o, Route: op, Duration: time.Since(start), Err: e, Context: ctx})
 	return nil, e
+}
+
+// CallOption configures one call of [Middleware.Do].
+type CallOption func(*callConfig)
+
+// callConfig is what a call's options set.
+type callConfig struct {
+	scope, fingerprint    string
+	scoped, fingerprinted bool
+}
+
+// WithCallScope keeps the call's record apart for one principal, as a
+// request's scope does (see WithScope): scope (a tenant, a user, the
+// caller's credentials) is hashed with op and key into the record's name,
+// so the same key from another scope is another record. The scope never
+// appears in events or in the store. A call without it (or with an empty
+// scope) has the record that Do always gave op and key.
+func WithCallScope(scope string) CallOption {
+	return func(c *callConfig) { c.scope, c.scoped = scope, scope != "" }
+}
+
+// WithCallFingerprint makes the call say what it was asked to do, as a
+// request's fingerprint does: a hash of fingerprint (any bytes, such as
+// the request message, deterministically serialized) is kept with the
+// entry, and a later call with the same op and key but another
+// fingerprint gets ErrMismatch without running fn (nor waiting for it).
+// A call without it has no fingerprint: it matches only calls without one.
+func WithCallFingerprint(fingerprint []byte) CallOption {
+	return func(c *callConfig) { c.fingerprint, c.fingerprinted = string(fingerprint), true }
 }

@@ -414,3 +414,58 @@ func TestDoMarkDone(t *testing.T) {
 		t.Fatalf("second: %v, ran %d times; want ErrNotReplayable and 1 run", err, runs.Load())
 	}
 }
+
+// TestDoCallScopeAndFingerprint: WithCallScope keeps a principal's keys
+// apart (the same key runs once per scope, and a call without a scope has
+// the record Do always gave); WithCallFingerprint refuses a key reused
+// for other work with ErrMismatch, without running fn, and a matching
+// call is replayed.
+func TestDoCallScopeAndFingerprint(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	events := make(chan idem.Event, 16)
+	m, err := idem.New(store, idem.WithObserver(func(ev idem.Event) { events <- ev }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	runs := 0
+	fn := func(ctx context.Context) ([]byte, error) {
+		runs++
+		info, _ := idem.FromContext(ctx)
+		return []byte(info.StorageKey), nil
+	}
+	call := func(opts ...idem.CallOption) ([]byte, error) {
+		t.Helper()
+		return m.Do(ctx, "charges", "charge-1", fn, opts...)
+	}
+	alice, err := call(idem.WithCallScope("alice"), idem.WithCallFingerprint([]byte("amount=10")))
+	if err != nil || runs != 1 || string(alice) != idem.OperationStorageKey("alice", "charges", "charge-1") {
+		t.Fatalf("alice's first call: %q, %v, %d runs", alice, err, runs)
+	}
+	if b, err := call(idem.WithCallScope("alice"), idem.WithCallFingerprint([]byte("amount=10"))); err != nil || runs != 1 || string(b) != string(alice) {
+		t.Fatalf("alice's retry: %q, %v, %d runs; want the replay", b, err, runs)
+	}
+	_, err = call(idem.WithCallScope("alice"), idem.WithCallFingerprint([]byte("amount=99")))
+	var e *idem.Error
+	if !errors.Is(err, idem.ErrMismatch) || !errors.As(err, &e) || runs != 1 {
+		t.Fatalf("alice's key reused for other work: %v, %d runs; want ErrMismatch, not run", err, runs)
+	}
+	if _, err := call(idem.WithCallScope("alice")); !errors.Is(err, idem.ErrMismatch) || runs != 1 {
+		t.Fatalf("alice's key without a fingerprint: %v, %d runs; want ErrMismatch", err, runs)
+	}
+	bob, err := call(idem.WithCallScope("bob"), idem.WithCallFingerprint([]byte("amount=99")))
+	if err != nil || runs != 2 || string(bob) == string(alice) {
+		t.Fatalf("bob's call with the same key: %q, %v, %d runs; want a run of its own", bob, err, runs)
+	}
+	plain, err := call(idem.WithCallScope(""))
+	if err != nil || runs != 3 || string(plain) != idem.OperationStorageKey("", "charges", "charge-1") {
+		t.Fatalf("a call without a scope: %q, %v, %d runs; want Do's usual record", plain, err, runs)
+	}
+	close(events)
+	for ev := range events {
+		if strings.Contains(fmt.Sprint(ev), "alice") || strings.Contains(fmt.Sprint(ev), "amount") {
+			t.Errorf("an event shows the scope or the fingerprint: %+v", ev)
+		}
+	}
+}

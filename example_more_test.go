@@ -245,3 +245,29 @@ func ExampleStorageKey() {
 	// done <nil>
 	// true
 }
+
+// A job submitted by several tenants, each with keys of its own, that must
+// not run again with other arguments under a key it already used: Do
+// keeps each tenant's record apart (WithCallScope) and refuses a key
+// reused for other work (WithCallFingerprint).
+func ExampleWithCallFingerprint() {
+	store := memstore.New()
+	defer store.Close()
+	m, _ := idem.New(store)
+	charge := func(tenant, key, args string) (string, error) {
+		res, err := m.Do(context.Background(), "charges", key, func(context.Context) ([]byte, error) {
+			return []byte("charged " + args + " for " + tenant), nil
+		}, idem.WithCallScope(tenant), idem.WithCallFingerprint([]byte(args)))
+		return string(res), err
+	}
+	fmt.Println(charge("acme", "charge-1", "10 EUR"))
+	fmt.Println(charge("acme", "charge-1", "10 EUR")) // the stored result
+	_, err := charge("acme", "charge-1", "99 EUR")
+	fmt.Println(errors.Is(err, idem.ErrMismatch))
+	fmt.Println(charge("globex", "charge-1", "99 EUR")) // another tenant's key
+	// Output:
+	// charged 10 EUR for acme <nil>
+	// charged 10 EUR for acme <nil>
+	// true
+	// charged 99 EUR for globex <nil>
+}

@@ -198,6 +198,14 @@ func (h *hasher) appendDoKey(b []byte, op, key string) []byte {
 	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
 }
 
+// appendScopedDoKey appends the name of the record of key for the
+// operation op of [Middleware.Do] called WithCallScope(scope), apart from
+// every name the others give (appendDoKey's included).
+func (h *hasher) appendScopedDoKey(b []byte, scope, op, key string) []byte {
+	h.buf = appendFields(h.buf[:0], "idem/do-scoped", scope, op, key)
+	return base64.RawURLEncoding.AppendEncode(b, h.sum128(nil))
+}
+
 // appendFingerprint appends what identifies the request: by default a
 // hash of the method, path, query, Content-Type and body; fingerprintLen
 // bytes, or none WithoutFingerprint. Under WithIssuedKeys, whose storage

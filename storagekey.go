@@ -27,9 +27,13 @@ func IssuedStorageKey(scope, key string) string {
 }
 
 // OperationStorageKey returns the key under which [Middleware.Do] keeps
-// the entry of key for the operation op (see [StorageKey]).
-func OperationStorageKey(op, key string) string {
+// the entry of key for the operation op (see [StorageKey]), for a call
+// WithCallScope(scope); scope "" for a call without it.
+func OperationStorageKey(scope, op, key string) string {
 	h := getHasher()
 	defer putHasher(h)
+	if scope != "" {
+		return string(h.appendScopedDoKey(nil, scope, op, key))
+	}
 	return string(h.appendDoKey(nil, op, key))
 }

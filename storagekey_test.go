@@ -83,8 +83,8 @@ func TestStorageKeyIsInfoStorageKey(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := <-seen, idem.OperationStorageKey("payments", "pay-1"); got != want {
+	if got, want := <-seen, idem.OperationStorageKey("", "payments", "pay-1"); got != want {
 		t.Fatalf("Do: Info.StorageKey %q, OperationStorageKey %q", got, want)
 	}
-	lookup(idem.OperationStorageKey("payments", "pay-1"))
+	lookup(idem.OperationStorageKey("", "payments", "pay-1"))
 }

@@ -45,7 +45,8 @@ func WithRemove(onRemove func(r *http.Request, removed Entry)) Option {
 //
 // /entry names the entry by its storage key (key=), or as the middleware
 // derives it (see idem.StorageKey): client_key= with scope=, method= and
-// route=; client_key= with op= for Middleware.Do; or issued_key= with
+// route=; client_key= with op= for Middleware.Do (and scope= for a call
+// WithCallScope); or issued_key= with
 // scope= for a key issued under WithIssuedKeys. A scope is what the
 // middleware's scope function returns (by default the client's
 // Authorization header, whole).
@@ -189,7 +190,7 @@ func KeyFromQuery(q map[string][]string) (string, error) {
 	case key != "" && client == "" && issued == "":
 		return key, nil
 	case client != "" && op != "" && key == "" && issued == "":
-		return idem.OperationStorageKey(op, client), nil
+		return idem.OperationStorageKey(scope, op, client), nil
 	case client != "" && method != "" && route != "" && key == "" && issued == "":
 		return idem.StorageKey(scope, method, route, client), nil
 	case issued != "" && key == "" && client == "":

@@ -154,6 +154,18 @@ func TestEntryOfDoAndIssuedKeys(t *testing.T) {
 	if e.State != "done" || e.Response == nil || string(e.Response.Body) != "credited" {
 		t.Errorf("Do's entry: %+v", e)
 	}
+	if _, err := s.m.Do(context.Background(), "payments", "pay-2", func(context.Context) ([]byte, error) { return []byte("tenant's"), nil },
+		idem.WithCallScope("tenant-7")); err != nil {
+		t.Fatal(err)
+	}
+	var scoped idemadmin.Entry
+	call(t, admin, "GET", "/entry?op=payments&client_key=pay-2&scope=tenant-7&body=1", &scoped)
+	if scoped.State != "done" || scoped.Response == nil || string(scoped.Response.Body) != "tenant's" {
+		t.Errorf("a scoped Do's entry: %+v", scoped)
+	}
+	if code, _, _ := call(t, admin, "GET", "/entry?op=payments&client_key=pay-2", nil); code != http.StatusNotFound {
+		t.Errorf("a scoped Do's entry named without its scope: %d, want 404", code)
+	}
 	issuing, err := idem.New(s.store, idem.WithIssuedKeys(time.Hour))
 	if err != nil {
 		t.Fatal(err)

@@ -51,10 +51,10 @@ func (k *keyFlags) storageKey(fs *flag.FlagSet) (string, error) {
 		return "", usageError("%s: -issued takes -scope only", fs.Name())
 	case k.issued:
 		q = map[string][]string{"issued_key": {key}, "scope": {k.scope}}
-	case set["op"] && (set["scope"] || set["method"] || set["route"]):
-		return "", usageError("%s: -op names Middleware.Do's key: no -scope, -method or -route", fs.Name())
+	case set["op"] && (set["method"] || set["route"]):
+		return "", usageError("%s: -op names Middleware.Do's key: no -method or -route (-scope for a call WithCallScope)", fs.Name())
 	case set["op"]:
-		q = map[string][]string{"client_key": {key}, "op": {k.op}}
+		q = map[string][]string{"client_key": {key}, "op": {k.op}, "scope": {k.scope}}
 	case set["scope"] || set["method"] || set["route"]:
 		q = map[string][]string{"client_key": {key}, "scope": {k.scope}, "method": {k.method}, "route": {k.route}}
 	default:

@@ -79,7 +79,7 @@ func TestInspect(t *testing.T) {
 
 		s.do("payments", "pay-1", "credited")
 		out, _ = mustRun(t, 0, "", append(flags, "inspect", "-body", "-op", "payments", "pay-1")...)
-		if field(out, "key") != idem.OperationStorageKey("payments", "pay-1") || field(out, "state") != "done" ||
+		if field(out, "key") != idem.OperationStorageKey("", "payments", "pay-1") || field(out, "state") != "done" ||
 			!strings.HasSuffix(out, "\ncredited\n") {
 			t.Errorf("Do's entry:\n%s", out)
 		}
@@ -308,7 +308,7 @@ func TestCluster(t *testing.T) {
 	for i := range 48 {
 		key := fmt.Sprint("job-", i)
 		s.do("jobs", key, "ran")
-		want = append(want, idem.OperationStorageKey("jobs", key))
+		want = append(want, idem.OperationStorageKey("", "jobs", key))
 	}
 	slices.Sort(want)
 	// 48 keys of random slots: every master holds some, but once in about

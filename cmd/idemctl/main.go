@@ -41,9 +41,9 @@
 // request's key (S is what the middleware's scope function returns, by
 // default the request's Authorization header, whole; R the route as the
 // adapter names it: net/http's mux pattern such as "POST /orders", Gin's
-// c.FullPath(), Echo's c.Path()); -op OP KEY for Middleware.Do's; -issued
-// -scope S KEY for a key issued under idem.WithIssuedKeys. See
-// idem.StorageKey.
+// c.FullPath(), Echo's c.Path()); -op OP KEY for Middleware.Do's (with
+// -scope S for a call made WithCallScope); -issued -scope S KEY for a key
+// issued under idem.WithIssuedKeys. See idem.StorageKey.
 //
 // ls lists the entries of one state (-in-flight, -done, -committed,
 // -issued; all of them without), those that entered it at least
@@ -140,7 +140,7 @@ or, with key flags, the key the client sent, named as the middleware does:
   -scope S -method M -route R KEY   a request's key: S is what the scope function
                                     returns (by default the Authorization header),
                                     R the route, such as 'POST /orders'
-  -op OP KEY                        Middleware.Do's key for the operation OP
+  -op OP [-scope S] KEY             Middleware.Do's key for the operation OP (-scope: WithCallScope's)
   -issued -scope S KEY              a key issued under WithIssuedKeys
 
 Exit status: 0 done; 1 the store failed or is unreachable, or the entry is
