@@ -10,6 +10,8 @@ replace github.com/idemkit/idem/idemotel => ../idemotel
 
 replace github.com/idemkit/idem/echoidem => ../echoidem
 
+replace github.com/idemkit/idem/grpcidem => ../grpcidem
+
 replace github.com/idemkit/idem/storage/redisstore => ../storage/redisstore
 
 replace github.com/idemkit/idem/storage/pgstore => ../storage/pgstore
@@ -22,6 +24,7 @@ require (
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/echoidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/ginidem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/grpcidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/idemotel v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/internal/tests v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
@@ -32,6 +35,8 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -85,10 +90,10 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/arch v0.22.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 )

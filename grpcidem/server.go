@@ -1,0 +1,233 @@
+package grpcidem
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// The messages of the statuses the interceptor answers with. None holds
+// the key.
+const (
+	msgMissingKey   = "This method requires an idempotency key."
+	msgMultipleKeys = "The idempotency key was sent more than once."
+	msgConflict     = "A call with this idempotency key is still being processed; retry later."
+	msgMismatch     = "This idempotency key was already used with a different request."
+	msgStore        = "The idempotency store is unavailable; retry later."
+	msgNotKept      = "The call with this idempotency key completed, but its response was not kept; it is not run again."
+	msgCorrupt      = "The stored response for this idempotency key cannot be read."
+	msgCanceled     = "The call ended before it was processed: "
+	msgNotProto     = "grpcidem: the request is not a protocol buffer message; see WithoutFingerprint."
+)
+
+// UnaryServerInterceptor returns the interceptor that makes a server's
+// unary calls idempotent on m: the handler of a call carrying a key runs
+// once, across every process sharing m's store, and every retry gets its
+// answer again. See the package documentation for what it does, in
+// which order, and how it answers. m's options apply: WithLease, WithTTL,
+// WithWait, WithFailOpen, WithObserver and WithMaxResponseBody (a bound
+// on the record); its options of requests (header, methods, scope,
+// fingerprint, cacheable statuses) do not: this interceptor's options
+// take their places. It panics when m is nil or an option is invalid.
+//
+// Put it after the interceptors that authenticate (so that the scope can
+// name the principal), log and recover from panics, in
+// grpc.ChainUnaryInterceptor: a panic then releases the key before the
+// recovery answers.
+func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServerInterceptor {
+	if m == nil {
+		panic("grpcidem: UnaryServerInterceptor: nil *idem.Middleware")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if cfg.methods != nil && !cfg.methods[info.FullMethod] {
+			return handler(ctx, req)
+		}
+		keys := metadata.ValueFromIncomingContext(ctx, cfg.header)
+		switch {
+		case len(keys) == 0 && cfg.requireKey:
+			return nil, status.Error(codes.InvalidArgument, msgMissingKey)
+		case len(keys) == 0:
+			return handler(ctx, req)
+		case len(keys) > 1:
+			return nil, status.Error(codes.InvalidArgument, msgMultipleKeys)
+		}
+		var a [2]idem.CallOption
+		callOpts := a[:0]
+		if scope := cfg.scope(ctx); scope != "" {
+			callOpts = append(callOpts, idem.WithCallScope(scope))
+		}
+		if !cfg.noFP {
+			msg, ok := req.(proto.Message)
+			if !ok {
+				return nil, status.Error(codes.Internal, msgNotProto)
+			}
+			fp, err := deterministic.Marshal(msg)
+			if err != nil {
+				return nil, status.Error(codes.Internal, "grpcidem: the request cannot be marshalled: "+err.Error())
+			}
+			callOpts = append(callOpts, idem.WithCallFingerprint(fp))
+		}
+		c := &call{stored: cfg.stored, handler: handler, req: req}
+		c.rec.inner = grpc.ServerTransportStreamFromContext(ctx)
+		out, err := m.Do(grpc.NewContextWithServerTransportStream(ctx, &c.rec), info.FullMethod, keys[0], c.run, callOpts...)
+		switch {
+		case c.ran: // executed here, or unprotected (WithFailOpen)
+			return c.resp, c.err
+		case err != nil:
+			return nil, refusal(ctx, err)
+		}
+		return replay(ctx, out)
+	}
+}
+
+// call is one protected call whose handler may run.
+type call struct {
+	stored  func(codes.Code) bool
+	handler grpc.UnaryHandler
+	req     any
+	rec     recorder
+
+	// What the handler returned, when it ran.
+	ran  bool
+	resp any
+	err  error
+}
+
+// errNotKept is what run returns, after idem.MarkDone, for an answer that
+// cannot be recorded: the key is kept done, not replayable.
+var errNotKept = errors.New("grpcidem: the response cannot be recorded")
+
+// run is Do's function: it runs the handler under the lease and returns
+// its record, or an error for a status that is not stored (Do releases
+// the key).
+func (c *call) run(ctx context.Context) ([]byte, error) {
+	c.ran = true
+	c.resp, c.err = c.handler(ctx, c.req)
+	r := record{}
+	if c.err != nil {
+		st := status.Convert(c.err)
+		if !c.stored(st.Code()) {
+			return nil, c.err
+		}
+		r.status = st.Proto()
+	} else {
+		msg, ok := c.resp.(proto.Message)
+		if !ok {
+			return notKept(ctx)
+		}
+		r.typeName, r.response = msg.ProtoReflect().Descriptor().FullName(), msg
+		if _, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName); err != nil {
+			return notKept(ctx) // a replay could not make one
+		}
+	}
+	r.header, r.trailer = c.rec.taken()
+	b, err := appendRecord(nil, &r)
+	if err != nil {
+		return notKept(ctx)
+	}
+	return b, nil
+}
+
+// notKept keeps the key done, not replayable: the handler ran, and its
+// answer, sent to its caller as it is, cannot be recorded.
+func notKept(ctx context.Context) ([]byte, error) {
+	idem.MarkDone(ctx)
+	return nil, errNotKept
+}
+
+// replay answers a retry with the record out: the header metadata, marked
+// replayed, the trailer, and the response or the status.
+func replay(ctx context.Context, out []byte) (any, error) {
+	r, err := decodeRecord(out)
+	if err != nil {
+		return nil, status.Error(codes.Internal, msgCorrupt)
+	}
+	var resp proto.Message
+	if r.status == nil {
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName)
+		if err != nil {
+			return nil, status.Error(codes.Internal, "The stored response's message type "+string(r.typeName)+" is not known to this program; it cannot be replayed.")
+		}
+		resp = mt.New().Interface()
+		if err := proto.Unmarshal(r.message, resp); err != nil {
+			return nil, status.Error(codes.Internal, msgCorrupt)
+		}
+	}
+	if r.header == nil {
+		r.header = make(metadata.MD, 1)
+	}
+	r.header[ReplayedHeader] = replayedValue
+	grpc.SetHeader(ctx, r.header)
+	grpc.SetTrailer(ctx, r.trailer)
+	if r.status != nil {
+		return nil, status.ErrorProto(r.status)
+	}
+	return resp, nil
+}
+
+// replayedValue is the value of the replayed mark. Shared: gRPC copies
+// the metadata it is given.
+var replayedValue = []string{"true"}
+
+// refusal turns an error of Do, whose function did not run, into the
+// call's status.
+func refusal(ctx context.Context, err error) error {
+	var e *idem.Error
+	if !errors.As(err, &e) {
+		return status.Error(codes.Internal, "The call could not be processed.")
+	}
+	switch e.Kind {
+	case idem.ErrConflict:
+		return retryLater(ctx, codes.Aborted, msgConflict, e.RetryAfter)
+	case idem.ErrStoreUnavailable:
+		return retryLater(ctx, codes.Unavailable, msgStore, e.RetryAfter)
+	case idem.ErrMismatch:
+		return status.Error(codes.FailedPrecondition, msgMismatch)
+	case idem.ErrNotReplayable:
+		return status.Error(codes.FailedPrecondition, msgNotKept)
+	case idem.ErrInvalidKey:
+		return status.Error(codes.InvalidArgument, e.Detail)
+	case idem.ErrCanceled:
+		cause := ctx.Err()
+		if cause == nil {
+			cause = context.Canceled
+		}
+		return status.Error(status.FromContextError(cause).Code(), msgCanceled+cause.Error()+".")
+	case idem.ErrCorruptRecord:
+		return status.Error(codes.Internal, msgCorrupt)
+	}
+	return status.Error(codes.Internal, "The call could not be processed.")
+}
+
+// retryLater returns the status code with msg and, when d is positive, a
+// google.rpc.RetryInfo detail of d and a retry-after header entry of d in
+// whole seconds (rounded up, at least 1).
+func retryLater(ctx context.Context, code codes.Code, msg string, d time.Duration) error {
+	st := status.New(code, msg)
+	if d <= 0 {
+		return st.Err()
+	}
+	if with, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); err == nil {
+		st = with
+	}
+	secs := max(int64((d+time.Second-1)/time.Second), 1)
+	grpc.SetHeader(ctx, metadata.Pairs(RetryAfterHeader, strconv.FormatInt(secs, 10)))
+	return st.Err()
+}
