@@ -279,7 +279,14 @@ func check(t *testing.T, goCmd, root, name, dir string, blocks []block) []error 
 	if err := os.WriteFile(overlayFile, js, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(goCmd, append([]string{"build", "-overlay=" + overlayFile}, pkgs...)...)
+	args := []string{"build", "-overlay=" + overlayFile}
+	if len(pkgs) == 1 {
+		// A single main package (the README's one block, its quick
+		// start) would leave its binary in root: internal/tests/l39.
+		// With several, go build discards what it builds.
+		args = append(args, "-o", filepath.Join(tmp, "bin")+string(filepath.Separator))
+	}
+	cmd := exec.Command(goCmd, append(args, pkgs...)...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off", "GOTOOLCHAIN=local")
 	out, err := cmd.CombinedOutput()
