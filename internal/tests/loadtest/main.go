@@ -14,7 +14,12 @@
 // -duration with -concurrency clients, and prints requests per second, p50
 // and p99 per phase, then each protected figure as a ratio of its floor
 // and of bare. Phases: bare, first (a new key per request), replay (the
-// same key again), floor-first and floor-replay.
+// same key again), floor-first and floor-replay; with -store redis also the
+// naive floors (redisfloors.go): handlers on the same server that make a
+// first execution's two plain round trips (SET NX PX, then SET PX of 512
+// bytes) or a replay's one (GET) with go-redis or with rueidis, and answer
+// as the protected handler does: what a store of plain commands would
+// cost, through net/http like the protected phases, without idem.
 //
 // With -store redis and no -redis address it starts its own redis-server
 // (no persistence, a free loopback port) and kills it, and waits for it, on
@@ -75,7 +80,7 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	store, closeStore, err := openStore(storeName, redisAddr, concurrency)
+	store, addr, closeStore, err := openStore(storeName, redisAddr, concurrency)
 	if err != nil {
 		return err
 	}
@@ -126,6 +131,23 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 		return nil
 	}
 
+	// postPlain posts to a naive floor's route (redisfloors.go).
+	postPlain := func(path, key string) error {
+		req, _ := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(requestJSON))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return fmt.Errorf("%s: status %d: %s", path, resp.StatusCode, body)
+		}
+		return nil
+	}
+
 	// The floor: the store's operations without HTTP, with the same
 	// arguments the middleware passes.
 	rec := httprec.Record{Status: http.StatusCreated, Header: http.Header{
@@ -158,6 +180,20 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 			}
 			return err
 		}},
+	}
+	if addr != "" {
+		closeFloors, err := redisFloors(mux, addr, concurrency, lease, ttl)
+		if err != nil {
+			return err
+		}
+		defer closeFloors()
+		for _, client := range []string{"go-redis", "rueidis"} {
+			phases = append(phases,
+				phase{client + "-first", func(int) error {
+					return postPlain("/"+client+"/first", client+"-first-"+strconv.FormatInt(keys.Add(1), 10))
+				}},
+				phase{client + "-replay", func(w int) error { return postPlain("/"+client+"/replay", client+"-replay-"+strconv.Itoa(w)) }})
+		}
 	}
 	results := map[string]result{}
 	for _, p := range phases {
@@ -193,7 +229,13 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 
 	b := results["bare"]
 	fmt.Println()
-	for _, c := range []struct{ name, floor string }{{"first", "floor-first"}, {"replay", "floor-replay"}} {
+	comparisons := []struct{ name, floor string }{{"first", "floor-first"}, {"replay", "floor-replay"}}
+	if addr != "" {
+		comparisons = append(comparisons, []struct{ name, floor string }{
+			{"first", "go-redis-first"}, {"replay", "go-redis-replay"}, {"first", "rueidis-first"}, {"replay", "rueidis-replay"},
+		}...)
+	}
+	for _, c := range comparisons {
 		r, f := results[c.name], results[c.floor]
 		fmt.Printf("%-7s %5.1f %% of its floor's req/s (%s), %5.1f %% of bare; p50 %.2fx the floor's, %.2fx bare's; p99 %.2fx the floor's, %.2fx bare's\n",
 			c.name, 100*r.rate/f.rate, c.floor, 100*r.rate/b.rate,
@@ -270,22 +312,22 @@ func (p phase) run(ctx context.Context, d time.Duration, concurrency int) (resul
 	}, nil
 }
 
-// openStore opens the store and returns the function that closes it and
-// whatever it started.
-func openStore(name, addr string, concurrency int) (storage.Store, func(), error) {
+// openStore opens the store and returns the Redis address it uses (""
+// for memory) and the function that closes it and whatever it started.
+func openStore(name, addr string, concurrency int) (storage.Store, string, func(), error) {
 	switch name {
 	case "memory":
 		s := memstore.New(memstore.WithMaxEntries(1 << 20))
-		return s, func() { s.Close() }, nil
+		return s, "", func() { s.Close() }, nil
 	case "redis":
 	default:
-		return nil, nil, fmt.Errorf("unknown store %q (memory or redis)", name)
+		return nil, "", nil, fmt.Errorf("unknown store %q (memory or redis)", name)
 	}
 	stopServer := func() {}
 	if addr == "" {
 		var err error
 		if addr, stopServer, err = startRedis(); err != nil {
-			return nil, nil, err
+			return nil, "", nil, err
 		}
 	}
 	// The options the README recommends for a web
@@ -296,10 +338,10 @@ func openStore(name, addr string, concurrency int) (storage.Store, func(), error
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		rdb.Close()
 		stopServer()
-		return nil, nil, fmt.Errorf("redis at %s: %w", addr, err)
+		return nil, "", nil, fmt.Errorf("redis at %s: %w", addr, err)
 	}
 	prefix := fmt.Sprintf("idem-loadtest:%d:", time.Now().UnixNano())
-	return redisstore.New(rdb, redisstore.WithPrefix(prefix)), func() {
+	return redisstore.New(rdb, redisstore.WithPrefix(prefix)), addr, func() {
 		deleteKeys(rdb, prefix)
 		rdb.Close()
 		stopServer()
