@@ -46,7 +46,11 @@
 //
 // # Layout
 //
-// An entry is one Redis string under prefix+key: a stamp, then the entry:
+// The layout, the scripts and the policy check are shared with
+// rueidisstore, the store on the rueidis client: an entry written by one
+// is read by the other, so a service may move from one to the other, or
+// run both while it does. An entry is one Redis string under prefix+key:
+// a stamp, then the entry:
 //
 //	'T' since                                                 the stamp
 //	'P' len(fingerprint) fingerprint owner                    while processing
@@ -114,6 +118,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/internal/redisproto"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -126,7 +131,7 @@ const DefaultPrefix = "idem:"
 type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
-	policy
+	guard  redisproto.Guard
 }
 
 var (
@@ -218,223 +223,14 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // but Issue's, whose retry may answer [storage.ErrExists] for the key it
 // issued.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{rdb: rdb, prefix: DefaultPrefix, policy: policy{every: policyCheckEvery, now: time.Now}}
+	s := &Store{rdb: rdb, prefix: DefaultPrefix}
+	s.guard.Ask = s.askPolicy
 	for _, o := range opts {
 		if o != nil {
 			o(s)
 		}
 	}
 	return s
-}
-
-var (
-	// errCorrupt: the key holds something that is not an entry of this
-	// store.
-	errCorrupt = errors.New("value is not an idem entry")
-	// errReply: a script answered something it never answers.
-	errReply = errors.New("unexpected reply")
-)
-
-// parseLua, the start of every script, splits a value into its state,
-// fingerprint, rest (owner or record), issue TTL and done entry's owner,
-// or returns nil when the value is not an entry (a processing entry must
-// have an owner, and so must a 'C' entry). A 'P' entry and a 'Q' entry
-// (taken from an issue) both come out as 'P', the 'Q' one with its issue
-// TTL, the others without; a 'C' entry and a 'D' entry (the previous
-// release's, without the owner) both come out as 'D', with the record as
-// rest, the 'C' one with its owner, the 'D' one without; an 'I' entry
-// comes out with empty fingerprint and rest. A TTL is a string of 1 to 15
-// decimal digits without a leading zero, kept as a string to be sent to
-// PX as it is. uvarint reads the unsigned varint (7 bits a byte, least
-// significant first, as Go's encoding/binary) of at most 5 bytes at i of
-// s, and returns it and the index after it; uvarintOf writes one.
-const parseLua = `
-local function ttl(t)
-  if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
-  return nil
-end
-local function uvarint(s, i)
-  local x, mul = 0, 1
-  for j = i, i + 4 do
-    local b = string.byte(s, j)
-    if b == nil then return nil end
-    if b < 128 then return x + b * mul, j + 1 end
-    x, mul = x + (b - 128) * mul, mul * 128
-  end
-  return nil
-end
-local function uvarintOf(x)
-  local s = ''
-  while x >= 128 do
-    s = s .. string.char(128 + x % 128)
-    x = math.floor(x / 128)
-  end
-  return s .. string.char(x)
-end
-local function parse(v)
-  local b, since = 1, nil
-  if string.sub(v, 1, 1) == 'T' then
-    if #v < 8 then return nil end
-    since, b = string.sub(v, 2, 7), 8
-  end
-  local tag = string.sub(v, b, b)
-  if tag == 'I' then
-    local t = ttl(string.sub(v, b + 1))
-    if t then return 'I', '', '', t, nil, since end
-    return nil
-  end
-  local n = string.byte(v, b + 1)
-  if n == nil or #v < b + 1 + n then return nil end
-  local fp, rest = string.sub(v, b + 2, b + 1 + n), string.sub(v, b + 2 + n)
-  if tag == 'C' then
-    local m, i = uvarint(rest, 1)
-    if m == nil or m == 0 or #rest < i - 1 + m then return nil end
-    return 'D', fp, string.sub(rest, i + m), nil, string.sub(rest, i, i - 1 + m), since
-  elseif tag == 'D' and not since then
-    return 'D', fp, rest
-  elseif tag == 'P' and #rest > 0 then
-    return 'P', fp, rest, nil, nil, since
-  elseif tag == 'Q' then
-    local m = string.byte(rest, 1)
-    if m == nil or #rest < 2 + m then return nil end
-    local t = ttl(string.sub(rest, 2, 1 + m))
-    if t then return 'P', fp, string.sub(rest, 2 + m), t, nil, since end
-  end
-  return nil
-end
-local function stamped(e)
-  local t = redis.call('TIME')
-  local ms, b = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ''
-  for i = 1, 6 do
-    b = string.char(ms % 256) .. b
-    ms = math.floor(ms / 256)
-  end
-  return 'T' .. b .. e
-end
-local v = redis.call('GET', KEYS[1])
-`
-
-// Answers of the scripts. Acquire answers 1 (acquired), the done entry's
-// whole value (a string, parsed by [doneResult]: one bulk string costs
-// go-redis fewer allocations than a table), {2, fingerprint, pttl} (in
-// flight) or 0 (corrupt); AcquireIssued the same, or 3 (not issued). The
-// others answer one integer.
-const (
-	codeCorrupt  = -1
-	codeNotOwner = 0
-	codeOK       = 1
-	codeExists   = 0 // Issue's answer when the key has an entry
-
-	codeAcquireCorrupt = 0
-	codeAcquired       = 1
-	codeInFlight       = 2
-	codeNotIssued      = 3
-)
-
-// takeLua, the rest of the acquire scripts once parseLua found an entry:
-// an issued entry is taken, becoming a 'Q' entry that keeps the issue's
-// TTL. ARGV owner, fingerprint, lease in ms.
-const takeLua = `
-local tag, fp, rest, t = parse(v)
-if tag == 'I' then
-  redis.call('SET', KEYS[1], stamped('Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1]), 'PX', ARGV[3])
-  return 1
-elseif tag == 'D' then
-  return v
-elseif tag == 'P' and rest == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
-elseif tag == 'P' then
-  return {2, fp, redis.call('PTTL', KEYS[1])}
-end
-return 0
-`
-
-// acquire: ARGV owner, fingerprint, lease in ms.
-const acquireSrc = parseLua + `
-if not v then
-  redis.call('SET', KEYS[1], stamped('P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1]), 'PX', ARGV[3])
-  return 1
-end
-` + takeLua
-
-// acquireIssued: ARGV owner, fingerprint, lease in ms. No entry: not
-// issued, and nothing is written.
-const acquireIssuedSrc = parseLua + `
-if not v then return 3 end
-` + takeLua
-
-// issue: ARGV ttl in ms. An entry in any state: 0, nothing written.
-const issueSrc = parseLua + `
-if not v then
-  redis.call('SET', KEYS[1], stamped('I' .. ARGV[1]), 'PX', ARGV[1])
-  return 1
-elseif parse(v) then
-  return 0
-end
-return -1
-`
-
-// complete: ARGV owner, record, ttl in ms. A done entry: 1 (a resend)
-// when it was completed by this owner with this record; 0 otherwise, and
-// always for a 'D' entry, which does not tell its owner.
-const completeSrc = parseLua + `
-if not v then return 0 end
-local tag, fp, rest, t, o = parse(v)
-if tag == 'D' then
-  if o == ARGV[1] and rest == ARGV[2] then return 1 end
-  return 0
-elseif tag == 'P' then
-  if rest ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[1], stamped('C' .. string.char(#fp) .. fp .. uvarintOf(#ARGV[1]) .. ARGV[1] .. ARGV[2]), 'PX', ARGV[3])
-  return 1
-elseif tag == 'I' then
-  return 0
-end
-return -1
-`
-
-// release: ARGV owner. An entry taken from an issue goes back to issued,
-// for the issue's TTL; an issued entry is left alone (a resend).
-const releaseSrc = parseLua + `
-if not v then return 1 end
-local tag, fp, rest, t = parse(v)
-if tag == 'P' and rest == ARGV[1] then
-  if t then
-    redis.call('SET', KEYS[1], stamped('I' .. t), 'PX', t)
-  else
-    redis.call('DEL', KEYS[1])
-  end
-  return 1
-elseif tag == 'I' then
-  return 1
-elseif tag then
-  return 0
-end
-return -1
-`
-
-// extend: ARGV owner, lease in ms.
-const extendSrc = parseLua + `
-if not v then return 0 end
-local tag, fp, rest = parse(v)
-if tag == 'P' and rest == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-elseif tag then
-  return 0
-end
-return -1
-`
-
-// ms gives d in whole milliseconds, rounded up, for a d > 0: never 0,
-// which PEXPIRE takes as "delete now" and SET PX refuses.
-func ms(d time.Duration) int64 {
-	n := int64(d / time.Millisecond)
-	if d%time.Millisecond != 0 {
-		n++
-	}
-	return n
 }
 
 // call holds the arguments of one script call. go-redis sends args, whose
@@ -464,41 +260,52 @@ type millis struct {
 func (m *millis) MarshalBinary() ([]byte, error) { return strconv.AppendInt(m.buf[:0], m.ms, 10), nil }
 func (m *millis) String() string                 { return strconv.FormatInt(m.ms, 10) }
 
-// script is a Lua script and its EVALSHA digest, boxed once.
+// script is a protocol script as go-redis runs it, with its EVALSHA
+// digest boxed once.
 type script struct {
 	*redis.Script
 	sha any
 }
 
-func newScript(src string) script {
-	s := redis.NewScript(src)
-	return script{s, s.Hash()}
-}
+func newScript(p redisproto.Script) script { return script{redis.NewScript(p.Src), p.SHA} }
 
 var (
-	acquire       = newScript(acquireSrc)
-	acquireIssued = newScript(acquireIssuedSrc)
-	issue         = newScript(issueSrc)
-	complete      = newScript(completeSrc)
-	release       = newScript(releaseSrc)
-	extend        = newScript(extendSrc)
+	acquire       = newScript(redisproto.Acquire)
+	acquireIssued = newScript(redisproto.AcquireIssued)
+	issue         = newScript(redisproto.Issue)
+	complete      = newScript(redisproto.Complete)
+	release       = newScript(redisproto.Release)
+	extend        = newScript(redisproto.Extend)
+	inspect       = newScript(redisproto.Inspect)
 )
 
 // run runs sc with c's key and the given arguments (pointers into c), as
 // redis.Script.Run does: EVALSHA, then EVAL when Redis answers NOSCRIPT.
-func (s *Store) run(ctx context.Context, sc script, c *call, args ...any) (any, error) {
+// A nil reply (redis.Nil, which the scripts never give) is an unexpected
+// reply: it must not pass for "no entry".
+func (s *Store) run(ctx context.Context, sc script, c *call, args ...any) (redisproto.Reply, error) {
 	c.args[0], c.args[1], c.args[2], c.args[3] = "evalsha", sc.sha, 1, c.key
 	n := 4 + copy(c.args[4:], args)
 	cmd := redis.NewCmd(ctx, c.args[:n]...)
 	cmd.SetFirstKeyPos(3)
 	err := s.rdb.Process(ctx, cmd)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-		return sc.Eval(ctx, s.rdb, []string{c.key}, c.args[4:n]...).Result()
+	if noScript(err) {
+		cmd = sc.Eval(ctx, s.rdb, []string{c.key}, c.args[4:n]...)
+		err = cmd.Err()
+	}
+	if errors.Is(err, redis.Nil) {
+		return redisproto.Reply{}, redisproto.Unexpected(redisproto.Reply{})
 	}
 	if err != nil {
-		return nil, err
+		return redisproto.Reply{}, err
 	}
-	return cmd.Result()
+	return redisproto.FromAny(cmd.Val()), nil
+}
+
+// noScript reports the answer to an EVALSHA of a script the server does
+// not have cached.
+func noScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
 // ClientOptions returns the go-redis options recommended for a client that
@@ -529,53 +336,33 @@ func ClientOptions(addr string) *redis.Options {
 // [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
 // be reached, failed, or holds a value under the key that is not an entry.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", err)
-	}
-	if err := s.checkPolicy(ctx); err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", err)
-	}
-	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
-	reply, err := s.run(ctx, acquire, c, owner, fingerprint, &c.n)
-	if err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire: %w", replyErr(err))
-	}
-	res, err := acquireResult(reply)
-	if err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire %q: %w", c.key, err)
-	}
-	return res, nil
+	return s.acquire(ctx, "acquire", acquire, redisproto.AcquireResult, key, owner, fingerprint, lease)
 }
 
 // AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
 // [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
 // be reached, failed, or holds a value under the key that is not an entry.
 func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire issued: %w", err)
-	}
-	if err := s.checkPolicy(ctx); err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire issued: %w", err)
-	}
-	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
-	reply, err := s.run(ctx, acquireIssued, c, owner, fingerprint, &c.n)
-	if err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire issued: %w", replyErr(err))
-	}
-	res, err := acquireIssuedResult(reply)
-	if err != nil {
-		return storage.Result{}, fmt.Errorf("redisstore: acquire issued %q: %w", c.key, err)
-	}
-	return res, nil
+	return s.acquire(ctx, "acquire issued", acquireIssued, redisproto.AcquireIssuedResult, key, owner, fingerprint, lease)
 }
 
-// acquireIssuedResult maps the acquireIssued script's answer: the acquire
-// script's, or 3 for not issued.
-func acquireIssuedResult(reply any) (storage.Result, error) {
-	if code, ok := reply.(int64); ok && code == codeNotIssued {
-		return storage.Result{State: storage.NotIssued}, nil
+func (s *Store) acquire(ctx context.Context, op string, sc script, result func(redisproto.Reply) (storage.Result, error), key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
-	return acquireResult(reply)
+	if err := s.guard.Check(ctx); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(lease)}}
+	reply, err := s.run(ctx, sc, c, owner, fingerprint, &c.n)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	res, err := result(reply)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
+	}
+	return res, nil
 }
 
 // Issue implements [storage.Issuer.Issue]. Errors wrap [storage.ErrExists],
@@ -590,126 +377,18 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 	case ttl <= 0:
 		return fmt.Errorf("redisstore: issue: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	if err := s.checkPolicy(ctx); err != nil {
+	if err := s.guard.Check(ctx); err != nil {
 		return fmt.Errorf("redisstore: issue: %w", err)
 	}
-	c := &call{key: s.prefix + key, n: millis{ms: ms(ttl)}}
+	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(ttl)}}
 	reply, err := s.run(ctx, issue, c, &c.n)
 	if err != nil {
-		return fmt.Errorf("redisstore: issue: %w", replyErr(err))
+		return fmt.Errorf("redisstore: issue: %w", err)
 	}
-	if err := issueResult(reply); err != nil {
+	if err := redisproto.IssueResult(reply); err != nil {
 		return fmt.Errorf("redisstore: issue %q: %w", c.key, err)
 	}
 	return nil
-}
-
-// issueResult maps the issue script's answer.
-func issueResult(reply any) error {
-	code, ok := reply.(int64)
-	switch {
-	case ok && code == codeOK:
-		return nil
-	case ok && code == codeExists:
-		return storage.ErrExists
-	case ok && code == codeCorrupt:
-		return errCorrupt
-	}
-	return unexpected(reply)
-}
-
-// acquireResult maps the acquire script's answer.
-func acquireResult(reply any) (storage.Result, error) {
-	switch v := reply.(type) {
-	case int64:
-		switch v {
-		case codeAcquired:
-			return storage.Result{State: storage.Acquired}, nil
-		case codeAcquireCorrupt:
-			return storage.Result{}, errCorrupt
-		}
-	case string:
-		return doneResult(v)
-	case []any:
-		if len(v) != 3 {
-			break
-		}
-		code, ok0 := v[0].(int64)
-		fp, ok1 := v[1].(string)
-		pttl, ok2 := v[2].(int64)
-		if ok0 && ok1 && ok2 && code == codeInFlight {
-			// PTTL is in whole ms and may read 0 in the entry's last
-			// millisecond; the contract promises at least 1ms.
-			left := max(time.Duration(pttl)*time.Millisecond, time.Millisecond)
-			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: left}, nil
-		}
-	}
-	return storage.Result{}, unexpected(reply)
-}
-
-// doneResult parses the value of a done entry, as the acquire script
-// returns it: 'C', the fingerprint's length, the fingerprint, the owner's
-// length (a uvarint), the owner, the record; or 'D', the fingerprint's
-// length, the fingerprint, the record. The fingerprint is a substring of
-// v; the record is copied out of it.
-func doneResult(v string) (storage.Result, error) {
-	since, v, ok := cutStamp(v)
-	if !ok || (since != "" && len(v) > 0 && v[0] == 'D') { // a 'D' entry is never stamped
-		return storage.Result{}, unexpected(v)
-	}
-	if len(v) < 2 || (v[0] != 'C' && v[0] != 'D') || len(v) < 2+int(v[1]) {
-		return storage.Result{}, unexpected(v)
-	}
-	n := 2 + int(v[1])
-	fp, rest := v[2:n], v[n:]
-	if v[0] == 'C' {
-		m, k := uvarint(rest)
-		if k <= 0 || m == 0 || uint64(len(rest)-k) < m {
-			return storage.Result{}, unexpected(v)
-		}
-		rest = rest[k+int(m):]
-	}
-	return storage.Result{State: storage.Done, Fingerprint: fp, Record: []byte(rest)}, nil
-}
-
-// cutStamp splits a value into its stamp (the 6 bytes of a 'T' prefix;
-// "" when it has none) and the entry after it. ok is false when v is too
-// short for its stamp.
-func cutStamp(v string) (since, e string, ok bool) {
-	if len(v) == 0 || v[0] != 'T' {
-		return "", v, true
-	}
-	if len(v) < 8 {
-		return "", "", false
-	}
-	return v[1:7], v[7:], true
-}
-
-// stampTime reads the 6 bytes of a stamp: Unix milliseconds, most
-// significant first. The zero Time for "" (no stamp).
-func stampTime(since string) time.Time {
-	if len(since) != 6 {
-		return time.Time{}
-	}
-	var ms int64
-	for i := range 6 {
-		ms = ms<<8 | int64(since[i])
-	}
-	return time.UnixMilli(ms)
-}
-
-// uvarint reads the owner's length in a 'C' entry as the scripts do: a
-// uvarint of at most 5 bytes. It returns the value and the bytes read, or
-// k <= 0 when s does not start with one.
-func uvarint(s string) (x uint64, k int) {
-	for i := 0; i < len(s) && i < 5; i++ {
-		b := s[i]
-		x |= uint64(b&0x7f) << (7 * i)
-		if b < 0x80 {
-			return x, i + 1
-		}
-	}
-	return 0, 0
 }
 
 // Complete implements [storage.Store.Complete]. The done entry keeps
@@ -725,7 +404,7 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: ms(ttl)}}
+	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: redisproto.Millis(ttl)}}
 	return s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n)
 }
 
@@ -749,7 +428,7 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 	if lease <= 0 {
 		return fmt.Errorf("redisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
-	c := &call{key: s.prefix + key, n: millis{ms: ms(lease)}}
+	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(lease)}}
 	return s.owned(ctx, "extend", extend, c, owner, &c.n)
 }
 
@@ -759,42 +438,10 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 func (s *Store) owned(ctx context.Context, op string, sc script, c *call, args ...any) error {
 	reply, err := s.run(ctx, sc, c, args...)
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", op, replyErr(err))
+		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
-	if err := ownedResult(reply); err != nil {
+	if err := redisproto.OwnedResult(reply); err != nil {
 		return fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
 	}
 	return nil
-}
-
-// ownedResult maps the answer of an owner-checked script.
-func ownedResult(reply any) error {
-	code, ok := reply.(int64)
-	switch {
-	case ok && code == codeOK:
-		return nil
-	case ok && code == codeNotOwner:
-		return storage.ErrNotOwner
-	case ok && code == codeCorrupt:
-		return errCorrupt
-	}
-	return unexpected(reply)
-}
-
-// replyErr maps redis.Nil, the answer to a script that returns Lua false
-// or nil, which these scripts never do: it must not pass for "no entry".
-func replyErr(err error) error {
-	if errors.Is(err, redis.Nil) {
-		return fmt.Errorf("%w: nil", errReply)
-	}
-	return err
-}
-
-// unexpected describes a reply by its shape only: it may hold a record of
-// a megabyte.
-func unexpected(reply any) error {
-	if v, ok := reply.([]any); ok {
-		return fmt.Errorf("%w: an array of %d", errReply, len(v))
-	}
-	return fmt.Errorf("%w: %T", errReply, reply)
 }

@@ -711,3 +711,39 @@ func TestOldDoneEntry(t *testing.T) {
 		}
 	})
 }
+
+// nilHook answers every command with redis.Nil, which no script answers.
+type nilHook struct{}
+
+func (nilHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (nilHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (nilHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		cmd.SetErr(redis.Nil)
+		return redis.Nil
+	}
+}
+
+// TestNilReplyIsNotAnEntry: a nil reply (redis.Nil) must not pass for "no
+// entry": every operation fails with an unexpected reply.
+func TestNilReplyIsNotAnEntry(t *testing.T) {
+	rdb := client(t, miniredis.RunT(t).Addr())
+	rdb.AddHook(nilHook{})
+	s := redisstore.New(rdb, redisstore.WithEvictionAllowed())
+	ctx := t.Context()
+	_, errAcquire := s.Acquire(ctx, "k", "o", "fp", time.Minute)
+	_, errLookup := s.Lookup(ctx, "k", false)
+	for name, err := range map[string]error{
+		"acquire":  errAcquire,
+		"complete": s.Complete(ctx, "k", "o", []byte("r"), time.Minute),
+		"release":  s.Release(ctx, "k", "o"),
+		"issue":    s.Issue(ctx, "k", time.Minute),
+		"lookup":   errLookup,
+	} {
+		if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, storage.ErrNotFound) || !strings.Contains(err.Error(), "unexpected reply") {
+			t.Errorf("%s on a nil reply: %v, want an unexpected reply", name, err)
+		}
+	}
+}

@@ -1,4 +1,4 @@
-package redisstore
+package redisproto
 
 import (
 	"errors"
@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/storage"
-	"github.com/redis/go-redis/v9"
 )
 
 func TestMilliseconds(t *testing.T) {
@@ -20,8 +19,8 @@ func TestMilliseconds(t *testing.T) {
 		24 * time.Hour:                     86_400_000,
 		time.Duration(1<<63 - 1):           9_223_372_036_855, // no overflow
 	} {
-		if got := ms(d); got != want {
-			t.Errorf("ms(%v) = %d, want %d", d, got, want)
+		if got := Millis(d); got != want {
+			t.Errorf("Millis(%v) = %d, want %d", d, got, want)
 		}
 	}
 }
@@ -38,27 +37,24 @@ func TestReplyShapes(t *testing.T) {
 		[]any{int64(2)}, []any{int64(2), "fp"}, []any{int64(2), int64(5), int64(5)},
 		[]any{int64(2), "fp", "5"}, []any{int64(3), "fp", int64(5)}, []any{int64(2), "fp", int64(1), "extra"},
 	} {
-		res, err := acquireResult(reply)
-		if !errors.Is(err, errReply) || res.State != 0 {
+		res, err := AcquireResult(FromAny(reply))
+		if !errors.Is(err, ErrReply) || res.State != 0 {
 			t.Errorf("acquire reply %#v: %+v, %v; want an unexpected-reply error", reply, res, err)
 		}
 	}
 	for _, reply := range []any{nil, int64(4), int64(-1), "", "D", "X\x00r", []any{int64(3)}, []any{int64(3), "fp", int64(5)}} {
-		res, err := acquireIssuedResult(reply)
-		if !errors.Is(err, errReply) || res.State != 0 {
+		res, err := AcquireIssuedResult(FromAny(reply))
+		if !errors.Is(err, ErrReply) || res.State != 0 {
 			t.Errorf("acquire issued reply %#v: %+v, %v; want an unexpected-reply error", reply, res, err)
 		}
 	}
 	for _, reply := range []any{nil, "1", int64(2), int64(-2), []any{int64(1)}, "OK"} {
-		if err := ownedResult(reply); !errors.Is(err, errReply) {
+		if err := OwnedResult(FromAny(reply)); !errors.Is(err, ErrReply) {
 			t.Errorf("reply %#v: %v, want an unexpected-reply error", reply, err)
 		}
-		if err := issueResult(reply); !errors.Is(err, errReply) {
+		if err := IssueResult(FromAny(reply)); !errors.Is(err, ErrReply) {
 			t.Errorf("issue reply %#v: %v, want an unexpected-reply error", reply, err)
 		}
-	}
-	if err := replyErr(redis.Nil); !errors.Is(err, errReply) || errors.Is(err, redis.Nil) {
-		t.Errorf("redis.Nil mapped to %v: want an unexpected reply, not a nil that could pass for a missing key", err)
 	}
 }
 
@@ -80,21 +76,21 @@ func TestReplies(t *testing.T) {
 		{"C\x00\x80\x01" + strings.Repeat("o", 128) + "r", storage.Result{State: storage.Done, Record: []byte("r")}, nil},
 		{"C\x00\x81\x00or", storage.Result{State: storage.Done, Record: []byte("r")}, nil}, // not the shortest form, as Lua reads it
 		{"T\x01\xa3\x18\x5e\x3a\x7bC\x02fp\x01orecord", storage.Result{State: storage.Done, Fingerprint: "fp", Record: []byte("record")}, nil},
-		{int64(0), storage.Result{}, errCorrupt},
+		{int64(0), storage.Result{}, ErrCorrupt},
 	} {
-		res, err := acquireResult(c.reply)
+		res, err := AcquireResult(FromAny(c.reply))
 		if !errors.Is(err, c.err) || res.State != c.want.State || res.Fingerprint != c.want.Fingerprint ||
 			res.LeaseLeft != c.want.LeaseLeft || string(res.Record) != string(c.want.Record) {
 			t.Errorf("acquire reply %#v: %+v, %v; want %+v, %v", c.reply, res, err, c.want, c.err)
 		}
 	}
-	for reply, want := range map[int64]error{1: nil, 0: storage.ErrNotOwner, -1: errCorrupt} {
-		if err := ownedResult(reply); !errors.Is(err, want) || (want == nil && err != nil) {
+	for reply, want := range map[int64]error{1: nil, 0: storage.ErrNotOwner, -1: ErrCorrupt} {
+		if err := OwnedResult(FromAny(reply)); !errors.Is(err, want) || (want == nil && err != nil) {
 			t.Errorf("reply %d: %v, want %v", reply, err, want)
 		}
 	}
-	for reply, want := range map[int64]error{1: nil, 0: storage.ErrExists, -1: errCorrupt} {
-		if err := issueResult(reply); !errors.Is(err, want) || (want == nil && err != nil) {
+	for reply, want := range map[int64]error{1: nil, 0: storage.ErrExists, -1: ErrCorrupt} {
+		if err := IssueResult(FromAny(reply)); !errors.Is(err, want) || (want == nil && err != nil) {
 			t.Errorf("issue reply %d: %v, want %v", reply, err, want)
 		}
 	}
@@ -108,9 +104,9 @@ func TestReplies(t *testing.T) {
 		{[]any{int64(2), "fp", int64(1500)}, storage.InFlight, nil},
 		{"D\x02fprecord", storage.Done, nil},
 		{"C\x02fp\x01orecord", storage.Done, nil},
-		{int64(0), 0, errCorrupt},
+		{int64(0), 0, ErrCorrupt},
 	} {
-		res, err := acquireIssuedResult(c.reply)
+		res, err := AcquireIssuedResult(FromAny(c.reply))
 		if !errors.Is(err, c.err) || res.State != c.want {
 			t.Errorf("acquire issued reply %#v: %+v, %v; want %v, %v", c.reply, res, err, c.want, c.err)
 		}
@@ -128,8 +124,8 @@ func TestParsePolicy(t *testing.T) {
 		"maxmemory_policy_other:allkeys-lru\r\n": "",
 		"# Clients\nconnected_clients:1\r\n":     "",
 	} {
-		if got := parsePolicy(info); got != want {
-			t.Errorf("parsePolicy(%q) = %q, want %q", info, got, want)
+		if got := ParsePolicy(info); got != want {
+			t.Errorf("ParsePolicy(%q) = %q, want %q", info, got, want)
 		}
 	}
 }

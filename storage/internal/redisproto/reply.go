@@ -1,0 +1,273 @@
+package redisproto
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem/storage"
+)
+
+var (
+	// ErrCorrupt: the key holds something that is not an entry of the
+	// store. The scripts change nothing then.
+	ErrCorrupt = errors.New("value is not an idem entry")
+	// ErrReply: a script answered something it never answers.
+	ErrReply = errors.New("unexpected reply")
+)
+
+// Kind is the shape of a [Reply].
+type Kind uint8
+
+// The shapes of a reply the scripts give: a Lua number becomes an
+// integer, a Lua string a bulk string, a Lua table an array. Other is
+// anything else (nil, an error, a status): never an answer of the
+// scripts.
+const (
+	Other Kind = iota
+	Int
+	String
+	Array
+)
+
+// Reply is a script's answer as a transport read it from its client. A
+// transport converts its client's reply into one without copying the
+// strings; the functions of this package map it to the store's result.
+type Reply struct {
+	Kind  Kind
+	Int   int64   // when Kind is Int
+	Str   string  // when Kind is String
+	Array []Reply // when Kind is Array
+}
+
+// FromAny converts a reply in the shape go-redis's Cmd.Result gives it
+// (int64, string, []any; anything else is Other).
+func FromAny(v any) Reply {
+	switch v := v.(type) {
+	case int64:
+		return Reply{Kind: Int, Int: v}
+	case string:
+		return Reply{Kind: String, Str: v}
+	case []any:
+		a := make([]Reply, len(v))
+		for i, e := range v {
+			a[i] = FromAny(e)
+		}
+		return Reply{Kind: Array, Array: a}
+	}
+	return Reply{}
+}
+
+// code reports the integer a reply holds, if it is one.
+func (r Reply) code() (int64, bool) { return r.Int, r.Kind == Int }
+
+// str reports the string a reply holds, if it is one.
+func (r Reply) str() (string, bool) { return r.Str, r.Kind == String }
+
+// AcquireResult maps the Acquire script's answer: 1 (acquired), the done
+// entry's value, {2, fingerprint, pttl} (in flight) or 0 (not an entry).
+func AcquireResult(r Reply) (storage.Result, error) {
+	switch r.Kind {
+	case Int:
+		switch r.Int {
+		case codeAcquired:
+			return storage.Result{State: storage.Acquired}, nil
+		case codeAcquireCorrupt:
+			return storage.Result{}, ErrCorrupt
+		}
+	case String:
+		return doneResult(r.Str)
+	case Array:
+		if len(r.Array) != 3 {
+			break
+		}
+		code, ok0 := r.Array[0].code()
+		fp, ok1 := r.Array[1].str()
+		pttl, ok2 := r.Array[2].code()
+		if ok0 && ok1 && ok2 && code == codeInFlight {
+			// PTTL is in whole ms and may read 0 in the entry's last
+			// millisecond; the contract promises at least 1ms.
+			left := max(time.Duration(pttl)*time.Millisecond, time.Millisecond)
+			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: left}, nil
+		}
+	}
+	return storage.Result{}, Unexpected(r)
+}
+
+// AcquireIssuedResult maps the AcquireIssued script's answer: the Acquire
+// script's, or 3 for not issued.
+func AcquireIssuedResult(r Reply) (storage.Result, error) {
+	if code, ok := r.code(); ok && code == codeNotIssued {
+		return storage.Result{State: storage.NotIssued}, nil
+	}
+	return AcquireResult(r)
+}
+
+// IssueResult maps the Issue script's answer: nil, [storage.ErrExists],
+// [ErrCorrupt] or [ErrReply].
+func IssueResult(r Reply) error {
+	code, ok := r.code()
+	switch {
+	case ok && code == codeOK:
+		return nil
+	case ok && code == codeExists:
+		return storage.ErrExists
+	case ok && code == codeCorrupt:
+		return ErrCorrupt
+	}
+	return Unexpected(r)
+}
+
+// OwnedResult maps the answer of an owner-checked script (Complete,
+// Release, Extend): nil, [storage.ErrNotOwner], [ErrCorrupt] or
+// [ErrReply].
+func OwnedResult(r Reply) error {
+	code, ok := r.code()
+	switch {
+	case ok && code == codeOK:
+		return nil
+	case ok && code == codeNotOwner:
+		return storage.ErrNotOwner
+	case ok && code == codeCorrupt:
+		return ErrCorrupt
+	}
+	return Unexpected(r)
+}
+
+// EntryOf maps the Inspect script's answer for key, and returns the
+// server's time when it answered. Errors wrap [storage.ErrNotFound],
+// [ErrCorrupt] or [ErrReply].
+func EntryOf(key string, r Reply, withRecord bool) (storage.Entry, time.Time, error) {
+	switch r.Kind {
+	case Int:
+		switch r.Int {
+		case 0:
+			return storage.Entry{}, time.Time{}, storage.ErrNotFound
+		case codeCorrupt:
+			return storage.Entry{}, time.Time{}, ErrCorrupt
+		}
+	case Array:
+		v := r.Array
+		if len(v) != 8 {
+			break
+		}
+		tag, ok0 := v[0].str()
+		fp, ok1 := v[1].str()
+		since, ok2 := v[2].str()
+		pttl, ok3 := v[3].code()
+		sec, ok4 := v[4].str()
+		usec, ok5 := v[5].str()
+		size, ok6 := v[6].code()
+		rec, ok7 := v[7].str()
+		if !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
+			break
+		}
+		secs, err1 := strconv.ParseInt(sec, 10, 64)
+		usecs, err2 := strconv.ParseInt(usec, 10, 64)
+		if err1 != nil || err2 != nil || (since != "" && len(since) != 6) {
+			break
+		}
+		now := time.Unix(secs, usecs*1000)
+		e := storage.Entry{Key: key, Fingerprint: fp, Since: stampTime(since)}
+		if pttl >= 0 { // every entry has a TTL; -1 would be a key without one
+			e.Expires = now.Add(time.Duration(pttl) * time.Millisecond)
+		}
+		switch tag {
+		case "P":
+			e.State, e.LeaseLeft = storage.InFlight, time.Duration(max(pttl, 0))*time.Millisecond
+		case "D":
+			e.State, e.Size = storage.Done, int(size)
+			if withRecord {
+				e.Record = []byte(rec)
+			}
+		case "I":
+			e.State = storage.Issued
+		default:
+			return storage.Entry{}, time.Time{}, Unexpected(r)
+		}
+		return e, now, nil
+	}
+	return storage.Entry{}, time.Time{}, Unexpected(r)
+}
+
+// doneResult parses the value of a done entry, as the acquire script
+// returns it: 'C', the fingerprint's length, the fingerprint, the owner's
+// length (a uvarint), the owner, the record; or 'D', the fingerprint's
+// length, the fingerprint, the record; either after a stamp, but for 'D'.
+// The fingerprint is a substring of v; the record is copied out of it.
+func doneResult(v string) (storage.Result, error) {
+	since, v, ok := cutStamp(v)
+	if !ok || (since != "" && len(v) > 0 && v[0] == 'D') { // a 'D' entry is never stamped
+		return storage.Result{}, unexpectedString()
+	}
+	if len(v) < 2 || (v[0] != 'C' && v[0] != 'D') || len(v) < 2+int(v[1]) {
+		return storage.Result{}, unexpectedString()
+	}
+	n := 2 + int(v[1])
+	fp, rest := v[2:n], v[n:]
+	if v[0] == 'C' {
+		m, k := uvarint(rest)
+		if k <= 0 || m == 0 || uint64(len(rest)-k) < m {
+			return storage.Result{}, unexpectedString()
+		}
+		rest = rest[k+int(m):]
+	}
+	return storage.Result{State: storage.Done, Fingerprint: fp, Record: []byte(rest)}, nil
+}
+
+// cutStamp splits a value into its stamp (the 6 bytes of a 'T' prefix;
+// "" when it has none) and the entry after it. ok is false when v is too
+// short for its stamp.
+func cutStamp(v string) (since, e string, ok bool) {
+	if len(v) == 0 || v[0] != 'T' {
+		return "", v, true
+	}
+	if len(v) < 8 {
+		return "", "", false
+	}
+	return v[1:7], v[7:], true
+}
+
+// stampTime reads the 6 bytes of a stamp: Unix milliseconds, most
+// significant first. The zero Time for "" (no stamp).
+func stampTime(since string) time.Time {
+	if len(since) != 6 {
+		return time.Time{}
+	}
+	var ms int64
+	for i := range 6 {
+		ms = ms<<8 | int64(since[i])
+	}
+	return time.UnixMilli(ms)
+}
+
+// uvarint reads the owner's length in a 'C' entry as the scripts do: a
+// uvarint of at most 5 bytes. It returns the value and the bytes read, or
+// k <= 0 when s does not start with one.
+func uvarint(s string) (x uint64, k int) {
+	for i := 0; i < len(s) && i < 5; i++ {
+		b := s[i]
+		x |= uint64(b&0x7f) << (7 * i)
+		if b < 0x80 {
+			return x, i + 1
+		}
+	}
+	return 0, 0
+}
+
+// Unexpected describes a reply by its shape only, wrapping [ErrReply]: it
+// may hold a record of a megabyte.
+func Unexpected(r Reply) error {
+	switch r.Kind {
+	case Int:
+		return fmt.Errorf("%w: an integer", ErrReply)
+	case String:
+		return unexpectedString()
+	case Array:
+		return fmt.Errorf("%w: an array of %d", ErrReply, len(r.Array))
+	}
+	return fmt.Errorf("%w: nil or a status", ErrReply)
+}
+
+func unexpectedString() error { return fmt.Errorf("%w: a string", ErrReply) }

@@ -1,0 +1,311 @@
+// Package redisproto is the protocol that idem's Redis stores speak: the
+// Lua scripts, the layout of an entry, the parsing of the scripts'
+// answers, the cursor of a listing and the guard against a server that
+// may evict. It depends on no Redis client: each store module
+// (storage/redisstore on go-redis, storage/rueidisstore on rueidis) is a
+// thin transport that sends the scripts through its client and hands the
+// answers back here, so both stores read and write the very same entries
+// and give the very same answers, and a service may move from one to the
+// other (or run both during a deploy) without a rolling-deploy hazard.
+//
+// The package is internal to the storage tree. The store modules require
+// the core module at the version they were released with; its API only
+// grows (nothing here changes its meaning), so that a store module keeps
+// building against a newer core.
+//
+// # Layout
+//
+// An entry is one Redis string under prefix+key: a stamp, then the entry:
+//
+//	'T' since                                                 the stamp
+//	'P' len(fingerprint) fingerprint owner                    while processing
+//	'Q' len(fingerprint) fingerprint len(ttl) ttl owner       while processing, taken from an issue
+//	'C' len(fingerprint) fingerprint len(owner) owner record  when done
+//	'I' ttl                                                   when issued
+//	'D' len(fingerprint) fingerprint record                   when done, written by an older release, unstamped
+//
+// The stamp holds when the entry entered its state, by the server's clock
+// (TIME): since is the Unix time in milliseconds, in 6 bytes, most
+// significant first (7 bytes in all). The state is one byte; the
+// fingerprint's length is one byte; ttl is decimal digits without a
+// leading zero (at most 15), after its length in one byte in a 'Q' entry;
+// len(owner) in a 'C' entry is an unsigned varint of at most 5 bytes,
+// never 0. The store packages' documentation says what each state means
+// to a caller.
+package redisproto
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"strings"
+	"time"
+)
+
+// Script is a Lua script and its SHA-1 digest, the name EVALSHA calls it
+// by. Every script touches KEYS[1] only, so it routes to the key's node of
+// a Redis Cluster, and gives the same answer when run twice, but Issue's,
+// whose second run answers that the key exists.
+type Script struct {
+	Src string // the source, sent by EVAL
+	SHA string // hex SHA-1 of Src, sent by EVALSHA
+}
+
+func newScript(src string) Script {
+	sum := sha1.Sum([]byte(src))
+	return Script{Src: src, SHA: hex.EncodeToString(sum[:])}
+}
+
+// The scripts. Their arguments (ARGV) in order:
+var (
+	// Acquire: owner, fingerprint, lease in ms. Answers as
+	// [AcquireResult] reads.
+	Acquire = newScript(acquireSrc)
+	// AcquireIssued: owner, fingerprint, lease in ms. Answers as
+	// [AcquireIssuedResult] reads.
+	AcquireIssued = newScript(acquireIssuedSrc)
+	// Issue: TTL in ms. Answers as [IssueResult] reads.
+	Issue = newScript(issueSrc)
+	// Complete: owner, record, TTL in ms. Answers as [OwnedResult] reads.
+	Complete = newScript(completeSrc)
+	// Release: owner. Answers as [OwnedResult] reads.
+	Release = newScript(releaseSrc)
+	// Extend: owner, lease in ms. Answers as [OwnedResult] reads.
+	Extend = newScript(extendSrc)
+	// Inspect: one of [InspectLookup], [InspectWithRecord] or
+	// [InspectRemove]. Answers as [EntryOf] reads.
+	Inspect = newScript(inspectSrc)
+)
+
+// The modes of the Inspect script.
+const (
+	InspectLookup     = "0"
+	InspectWithRecord = "1"
+	InspectRemove     = "2"
+)
+
+// Millis gives d in whole milliseconds, rounded up, for a d > 0: never 0,
+// which PEXPIRE takes as "delete now" and SET PX refuses. It is the form
+// of every lease and TTL the scripts take.
+func Millis(d time.Duration) int64 {
+	n := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		n++
+	}
+	return n
+}
+
+// parseLua, the start of every script, splits a value into its state,
+// fingerprint, rest (owner or record), issue TTL and done entry's owner,
+// or returns nil when the value is not an entry (a processing entry must
+// have an owner, and so must a 'C' entry). A 'P' entry and a 'Q' entry
+// (taken from an issue) both come out as 'P', the 'Q' one with its issue
+// TTL, the others without; a 'C' entry and a 'D' entry (the previous
+// release's, without the owner) both come out as 'D', with the record as
+// rest, the 'C' one with its owner, the 'D' one without; an 'I' entry
+// comes out with empty fingerprint and rest. A TTL is a string of 1 to 15
+// decimal digits without a leading zero, kept as a string to be sent to
+// PX as it is. uvarint reads the unsigned varint (7 bits a byte, least
+// significant first, as Go's encoding/binary) of at most 5 bytes at i of
+// s, and returns it and the index after it; uvarintOf writes one.
+const parseLua = `
+local function ttl(t)
+  if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
+  return nil
+end
+local function uvarint(s, i)
+  local x, mul = 0, 1
+  for j = i, i + 4 do
+    local b = string.byte(s, j)
+    if b == nil then return nil end
+    if b < 128 then return x + b * mul, j + 1 end
+    x, mul = x + (b - 128) * mul, mul * 128
+  end
+  return nil
+end
+local function uvarintOf(x)
+  local s = ''
+  while x >= 128 do
+    s = s .. string.char(128 + x % 128)
+    x = math.floor(x / 128)
+  end
+  return s .. string.char(x)
+end
+local function parse(v)
+  local b, since = 1, nil
+  if string.sub(v, 1, 1) == 'T' then
+    if #v < 8 then return nil end
+    since, b = string.sub(v, 2, 7), 8
+  end
+  local tag = string.sub(v, b, b)
+  if tag == 'I' then
+    local t = ttl(string.sub(v, b + 1))
+    if t then return 'I', '', '', t, nil, since end
+    return nil
+  end
+  local n = string.byte(v, b + 1)
+  if n == nil or #v < b + 1 + n then return nil end
+  local fp, rest = string.sub(v, b + 2, b + 1 + n), string.sub(v, b + 2 + n)
+  if tag == 'C' then
+    local m, i = uvarint(rest, 1)
+    if m == nil or m == 0 or #rest < i - 1 + m then return nil end
+    return 'D', fp, string.sub(rest, i + m), nil, string.sub(rest, i, i - 1 + m), since
+  elseif tag == 'D' and not since then
+    return 'D', fp, rest
+  elseif tag == 'P' and #rest > 0 then
+    return 'P', fp, rest, nil, nil, since
+  elseif tag == 'Q' then
+    local m = string.byte(rest, 1)
+    if m == nil or #rest < 2 + m then return nil end
+    local t = ttl(string.sub(rest, 2, 1 + m))
+    if t then return 'P', fp, string.sub(rest, 2 + m), t, nil, since end
+  end
+  return nil
+end
+local function stamped(e)
+  local t = redis.call('TIME')
+  local ms, b = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ''
+  for i = 1, 6 do
+    b = string.char(ms % 256) .. b
+    ms = math.floor(ms / 256)
+  end
+  return 'T' .. b .. e
+end
+local v = redis.call('GET', KEYS[1])
+`
+
+// Answers of the scripts. Acquire answers 1 (acquired), the done entry's
+// whole value (a string, parsed by [doneResult]: one bulk string costs a
+// client fewer allocations than a table), {2, fingerprint, pttl} (in
+// flight) or 0 (corrupt); AcquireIssued the same, or 3 (not issued). The
+// others answer one integer.
+const (
+	codeCorrupt  = -1
+	codeNotOwner = 0
+	codeOK       = 1
+	codeExists   = 0 // Issue's answer when the key has an entry
+
+	codeAcquireCorrupt = 0
+	codeAcquired       = 1
+	codeInFlight       = 2
+	codeNotIssued      = 3
+)
+
+// takeLua, the rest of the acquire scripts once parseLua found an entry:
+// an issued entry is taken, becoming a 'Q' entry that keeps the issue's
+// TTL. ARGV owner, fingerprint, lease in ms.
+const takeLua = `
+local tag, fp, rest, t = parse(v)
+if tag == 'I' then
+  redis.call('SET', KEYS[1], stamped('Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1]), 'PX', ARGV[3])
+  return 1
+elseif tag == 'D' then
+  return v
+elseif tag == 'P' and rest == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+elseif tag == 'P' then
+  return {2, fp, redis.call('PTTL', KEYS[1])}
+end
+return 0
+`
+
+// acquire: ARGV owner, fingerprint, lease in ms.
+const acquireSrc = parseLua + `
+if not v then
+  redis.call('SET', KEYS[1], stamped('P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1]), 'PX', ARGV[3])
+  return 1
+end
+` + takeLua
+
+// acquireIssued: ARGV owner, fingerprint, lease in ms. No entry: not
+// issued, and nothing is written.
+const acquireIssuedSrc = parseLua + `
+if not v then return 3 end
+` + takeLua
+
+// issue: ARGV ttl in ms. An entry in any state: 0, nothing written.
+const issueSrc = parseLua + `
+if not v then
+  redis.call('SET', KEYS[1], stamped('I' .. ARGV[1]), 'PX', ARGV[1])
+  return 1
+elseif parse(v) then
+  return 0
+end
+return -1
+`
+
+// complete: ARGV owner, record, ttl in ms. A done entry: 1 (a resend)
+// when it was completed by this owner with this record; 0 otherwise, and
+// always for a 'D' entry, which does not tell its owner.
+const completeSrc = parseLua + `
+if not v then return 0 end
+local tag, fp, rest, t, o = parse(v)
+if tag == 'D' then
+  if o == ARGV[1] and rest == ARGV[2] then return 1 end
+  return 0
+elseif tag == 'P' then
+  if rest ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[1], stamped('C' .. string.char(#fp) .. fp .. uvarintOf(#ARGV[1]) .. ARGV[1] .. ARGV[2]), 'PX', ARGV[3])
+  return 1
+elseif tag == 'I' then
+  return 0
+end
+return -1
+`
+
+// release: ARGV owner. An entry taken from an issue goes back to issued,
+// for the issue's TTL; an issued entry is left alone (a resend).
+const releaseSrc = parseLua + `
+if not v then return 1 end
+local tag, fp, rest, t = parse(v)
+if tag == 'P' and rest == ARGV[1] then
+  if t then
+    redis.call('SET', KEYS[1], stamped('I' .. t), 'PX', t)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return 1
+elseif tag == 'I' then
+  return 1
+elseif tag then
+  return 0
+end
+return -1
+`
+
+// extend: ARGV owner, lease in ms.
+const extendSrc = parseLua + `
+if not v then return 0 end
+local tag, fp, rest = parse(v)
+if tag == 'P' and rest == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+elseif tag then
+  return 0
+end
+return -1
+`
+
+// inspectSrc: ARGV[1] "0" (look up), "1" (look up with the record) or
+// "2" (remove). No entry: 0; not an entry: -1; otherwise {state,
+// fingerprint, since, pttl, the server's seconds, microseconds, the
+// record's size, the record or ""}, and for "2" the key is deleted.
+//
+// It reads the value with PCALL, so that a key of another type is "not an
+// entry" (-1) rather than an error: a listing meets them under an empty
+// prefix.
+var inspectSrc = strings.Replace(parseLua, "local v = redis.call('GET', KEYS[1])",
+	"local v = redis.pcall('GET', KEYS[1])\nif type(v) == 'table' and v.err then return -1 end", 1) + `
+if not v then return 0 end
+local tag, fp, rest, t, o, since = parse(v)
+if not tag then return -1 end
+local now = redis.call('TIME')
+local size, rec = 0, ''
+if tag == 'D' then
+  size = #rest
+  if ARGV[1] == '1' then rec = rest end
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[1] == '2' then redis.call('DEL', KEYS[1]) end
+return {tag, fp, since or '', pttl, now[1], now[2], size, rec}
+`
