@@ -1,7 +1,6 @@
 package memstore
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -494,7 +493,7 @@ func (s *Store) checkInvariants(t *testing.T) {
 		if it.at != e.expires.Sub(s.epoch) {
 			t.Fatalf("heap[%d] = %q: key %v, its expiry is at %v", i, e.key, it.at, e.expires.Sub(s.epoch))
 		}
-		if i > 0 && e.expires.Before(s.byExpiry.items[(i-1)/2].e.expires) {
+		if i > 0 && e.expires.Before(s.byExpiry.items[(i-1)/arity].e.expires) {
 			t.Fatalf("heap order broken at %d", i)
 		}
 		if e.done != (e.record != nil) || (e.done && (e.owner == "" || e.issueTTL != 0)) {
@@ -551,20 +550,20 @@ func TestExpiryHeap(t *testing.T) {
 	for step := range 5000 {
 		switch op := rng.IntN(4); {
 		case op == 0 || h.Len() == 0:
-			heap.Push(h, &entry{expires: at()})
+			h.push(&entry{expires: at()})
 		case op == 1:
 			i := rng.IntN(h.Len())
 			h.items[i].e.expires = at()
 			h.items[i].at = h.items[i].e.expires.Sub(base)
-			heap.Fix(h, i)
+			h.fix(i)
 		default:
-			heap.Remove(h, rng.IntN(h.Len()))
+			h.remove(rng.IntN(h.Len()))
 		}
 		for i, it := range h.items {
 			if it.e.index != i || it.at != it.e.expires.Sub(base) {
 				t.Fatalf("step %d: heap[%d] has index %d", step, i, it.e.index)
 			}
-			if i > 0 && it.e.expires.Before(h.items[(i-1)/2].e.expires) {
+			if i > 0 && it.e.expires.Before(h.items[(i-1)/arity].e.expires) {
 				t.Fatalf("step %d: order broken at %d", step, i)
 			}
 		}
