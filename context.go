@@ -38,10 +38,7 @@ type ctxKey struct{}
 // (storage.LeaseFromContext), with ttl, the time its entry is kept once
 // done.
 func (c *infoCtx) set(parent context.Context, info Info, ttl time.Duration) {
-	if info.Protected {
-		parent = storage.ContextWithLease(parent, storage.Lease{Key: info.StorageKey, Owner: info.Owner, TTL: ttl})
-	}
-	*c = infoCtx{Context: parent, info: info}
+	*c = infoCtx{Context: parent, info: info, ttl: ttl}
 }
 
 // infoCtx carries Info without a separate allocation for the value, and
@@ -49,12 +46,21 @@ func (c *infoCtx) set(parent context.Context, info Info, ttl time.Duration) {
 type infoCtx struct {
 	context.Context
 	info Info
-	done atomic.Bool // MarkDone was called
+	ttl  time.Duration // the TTL of the execution's record
+	done atomic.Bool   // MarkDone was called
 }
 
+// Value answers ctxKey with c and, for a protected execution,
+// storage.LeaseKey with its lease (see storage.LeaseFromContext), built
+// when asked: only a fence asks.
 func (c *infoCtx) Value(k any) any {
-	if k == (ctxKey{}) {
+	switch k {
+	case ctxKey{}:
 		return c
+	case storage.LeaseKey{}:
+		if c.info.Protected {
+			return storage.Lease{Key: c.info.StorageKey, Owner: c.info.Owner, TTL: c.ttl}
+		}
 	}
 	return c.Context.Value(k)
 }

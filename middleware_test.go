@@ -742,3 +742,43 @@ func TestDoubleRunNotHidden(t *testing.T) {
 		t.Fatalf("events %v, want executed (the retry) and lease-lost (the first)", got)
 	}
 }
+
+// TestRequestCarriesLease: a protected request's context, and any context
+// derived from it, carries the execution's storage.Lease for a store's
+// fence; a request the middleware does not protect carries none.
+func TestRequestCarriesLease(t *testing.T) {
+	store, _ := newMemStore(t)
+	m, err := idem.New(store, idem.WithTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		lease, derived storage.Lease
+		ok, okDerived  bool
+		info           idem.Info
+	)
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		lease, ok = storage.LeaseFromContext(r.Context())
+		ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+		defer cancel()
+		derived, okDerived = storage.LeaseFromContext(ctx)
+		info, _ = idem.FromContext(r.Context())
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := serve(h, "k-1", "{}"); w.Code != http.StatusCreated {
+		t.Fatalf("status %d", w.Code)
+	}
+	want := storage.Lease{Key: info.StorageKey, Owner: info.Owner, TTL: time.Hour}
+	if !ok || lease != want || info.StorageKey == "" || len(info.Owner) != 32 {
+		t.Fatalf("protected request: lease %+v, %v; want %+v", lease, ok, want)
+	}
+	if !okDerived || derived != want {
+		t.Fatalf("derived context: lease %+v, %v; want %+v", derived, okDerived, want)
+	}
+	if w := serve(h, "", "{}"); w.Code != http.StatusCreated {
+		t.Fatalf("status %d", w.Code)
+	}
+	if ok {
+		t.Fatalf("request without a key: lease %+v, want none", lease)
+	}
+}

@@ -19,14 +19,19 @@ type Lease struct {
 	TTL time.Duration
 }
 
-type leaseKey struct{}
+// LeaseKey is the context key of a Lease: a context carries l when its
+// Value(LeaseKey{}) answers l. [ContextWithLease] makes such a context; a
+// Context type of its own may answer the key itself (the middleware's
+// does, so that a protected execution does not allocate a context and a
+// boxed Lease that only a fence reads).
+type LeaseKey struct{}
 
 // ContextWithLease returns a copy of ctx that carries l. The idem
 // middleware gives every execution it runs under a lease such a context
 // (a request's, or the one Do passes its function); a test calls it to
 // run a handler that fences without the middleware.
 func ContextWithLease(ctx context.Context, l Lease) context.Context {
-	return context.WithValue(ctx, leaseKey{}, l)
+	return context.WithValue(ctx, LeaseKey{}, l)
 }
 
 // LeaseFromContext returns the Lease that ctx, or a context it derives
@@ -34,6 +39,6 @@ func ContextWithLease(ctx context.Context, l Lease) context.Context {
 // protected (no key, a route or method the middleware does not cover,
 // or WithFailOpen running it without a lease because the store failed).
 func LeaseFromContext(ctx context.Context) (l Lease, ok bool) {
-	l, ok = ctx.Value(leaseKey{}).(Lease)
+	l, ok = ctx.Value(LeaseKey{}).(Lease)
 	return l, ok
 }
