@@ -10,6 +10,8 @@ replace github.com/idemkit/idem/echoidem => ../../echoidem
 
 replace github.com/idemkit/idem/storage/redisstore => ../../storage/redisstore
 
+replace github.com/idemkit/idem/storage/rueidisstore => ../../storage/rueidisstore
+
 replace github.com/idemkit/idem/storage/pgstore => ../../storage/pgstore
 
 require (
@@ -20,6 +22,7 @@ require (
 	github.com/idemkit/idem/ginidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/storage/rueidisstore v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0

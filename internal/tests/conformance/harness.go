@@ -24,9 +24,11 @@ import (
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/rueidisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 // Adapter mounts routes on one framework.
@@ -81,6 +83,23 @@ var storeKinds = []storeKind{
 		prefix := "conf:" + randomHex(8) + ":"
 		return redisstore.New(rdb, redisstore.WithPrefix(prefix)), redisAdvance(t, rdb, prefix)
 	}},
+	// The same two on rueidisstore, the Redis store on the rueidis client:
+	// its clock moves as redisstore's, through a go-redis client of its
+	// own.
+	{"rueidis", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		addr := redistest.Addr(t)
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { rdb.Close() })
+		prefix := "conf:" + randomHex(8) + ":"
+		return rueidisstore.New(rueidisClient(t, addr), rueidisstore.WithPrefix(prefix)), redisAdvance(t, rdb, prefix)
+	}},
+	{"rueidis-cluster", func(t *testing.T) (storage.Store, func(time.Duration)) {
+		addrs := redistest.ClusterAddrs(t)
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { rdb.Close() })
+		prefix := "conf:" + randomHex(8) + ":"
+		return rueidisstore.New(rueidisClient(t, addrs...), rueidisstore.WithPrefix(prefix)), redisAdvance(t, rdb, prefix)
+	}},
 	// PostgreSQL: a table of the test's own on the binary's shared server
 	// (skipped when PostgreSQL is not installed, unless IDEM_REQUIRE_PG=1).
 	{"postgres", func(t *testing.T) (storage.Store, func(time.Duration)) {
@@ -96,6 +115,21 @@ var storeKinds = []storeKind{
 		}
 		return s, pgAdvance(t, pool, table)
 	}},
+}
+
+// rueidisClient returns a rueidis client for addrs (one server, or nodes
+// of a cluster) with rueidisstore.ClientOption's options, but a
+// connection given up after seconds of silence, not 250 ms: the
+// scenarios run in parallel, under -race on a small machine.
+func rueidisClient(t *testing.T, addrs ...string) rueidis.Client {
+	opt := rueidisstore.ClientOption(addrs...)
+	opt.Dialer.KeepAlive, opt.ConnWriteTimeout = time.Second, 10*time.Second
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		t.Fatalf("rueidis.NewClient: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
 
 // pgAdvance returns a function that moves time forward by d for the rows

@@ -19,8 +19,10 @@ import (
 // handlers run. Retries on the other processes get 409 with Retry-After
 // until the dead process's lease expires, then exactly one of them runs
 // the handler and the others get its response; no key stays locked past
-// its lease.
-func TestCrashedProcessLeaseExpires(t *testing.T) {
+// its lease. It runs for each client of the store.
+func TestCrashedProcessLeaseExpires(t *testing.T) { eachClient(t, testCrashedProcessLeaseExpires) }
+
+func testCrashedProcessLeaseExpires(t *testing.T, client string) {
 	const (
 		lease    = 1500 * time.Millisecond
 		ttl      = time.Minute
@@ -29,7 +31,7 @@ func TestCrashedProcessLeaseExpires(t *testing.T) {
 	)
 	addr := redistest.Start(t)
 	ctx := deadline(t, 90*time.Second)
-	srvs := startServers(t, 3, "-redis", addr, "-lease", lease.String(), "-ttl", ttl.String())
+	srvs := startServers(t, 3, "-client", client, "-redis", addr, "-lease", lease.String(), "-ttl", ttl.String())
 	rdb := redisClient(t, addr)
 	c := newClient(t)
 	victim := srvs[0]

@@ -1,7 +1,8 @@
 // Package e2e holds end-to-end tests of the kit's guarantees with real
 // processes on loopback: several idemserver processes (a net/http
-// application protected by idem on redisstore, built from ./idemserver
-// without -race) share real redis-servers, a bounded client in the test
+// application protected by idem on redisstore, or on rueidisstore with
+// -client rueidis, built from ./idemserver without -race; the Redis tests
+// of exactlyonce, crash and outage run once for each client) share real redis-servers, a bounded client in the test
 // sends duplicates across them, and the tests kill processes (kill -9),
 // stall Redis (SIGSTOP/SIGCONT) and kill and restart it. Every execution
 // of the handler is counted outside the middleware, in a Redis hash per

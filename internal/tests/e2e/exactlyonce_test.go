@@ -10,11 +10,26 @@ import (
 	"github.com/idemkit/idem/internal/redistest"
 )
 
+// storeClients are the Redis clients of idemserver's store (its -client):
+// redisstore on go-redis, rueidisstore on rueidis.
+var storeClients = []string{"go-redis", "rueidis"}
+
+// eachClient runs f as a subtest for each client of the store, whose name
+// it passes to idemserver's -client.
+func eachClient(t *testing.T, f func(t *testing.T, client string)) {
+	for _, c := range storeClients {
+		t.Run(c, func(t *testing.T) { f(t, c) })
+	}
+}
+
 // TestExactlyOnceAcrossProcesses: three processes share one Redis; every
 // key is sent as concurrent duplicates spread across them. Each key's
 // handler runs exactly once, and every other duplicate gets that
-// execution's response back byte for byte.
-func TestExactlyOnceAcrossProcesses(t *testing.T) {
+// execution's response back byte for byte. It runs for each client of the
+// store.
+func TestExactlyOnceAcrossProcesses(t *testing.T) { eachClient(t, testExactlyOnceAcrossProcesses) }
+
+func testExactlyOnceAcrossProcesses(t *testing.T, client string) {
 	const lease = 5 * time.Second
 	addr := redistest.Start(t)
 	keys := envInt(t, "IDEM_E2E_KEYS", 2000)
@@ -22,7 +37,7 @@ func TestExactlyOnceAcrossProcesses(t *testing.T) {
 	workers := envInt(t, "IDEM_E2E_WORKERS", 64)
 	ctx := deadline(t, 2*time.Minute+time.Duration(keys*dups)*2*time.Millisecond)
 
-	srvs := startServers(t, 3, "-redis", addr, "-lease", lease.String(), "-delay", "2ms")
+	srvs := startServers(t, 3, "-client", client, "-redis", addr, "-lease", lease.String(), "-delay", "2ms")
 	rdb := redisClient(t, addr)
 	l := newLoad(newClient(t), srvs, loadConfig{prefix: "once-", dups: dups, workers: workers,
 		backoff: 50 * time.Millisecond, maxAttempts: 1000})

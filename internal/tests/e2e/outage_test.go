@@ -85,7 +85,10 @@ func (o outage) check(t testing.TB, replies []*reply, what string) outcome {
 // of the lease, the least a lease has left between two renewals, so a
 // handler that finished while Redis was away gets its record stored by
 // the middleware's retries once Redis is back, before its lease expires.
-func TestRedisOutageFailsClosed(t *testing.T) {
+// It runs for each client of the store.
+func TestRedisOutageFailsClosed(t *testing.T) { eachClient(t, testRedisOutageFailsClosed) }
+
+func testRedisOutageFailsClosed(t *testing.T, client string) {
 	const (
 		lease      = 6 * time.Second
 		ttl        = 10 * time.Minute
@@ -96,7 +99,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 	store := redistest.StartProc(t, "--appendonly", "yes", "--appendfsync", "always", "--dir", t.TempDir())
 	countAddr := redistest.Start(t)
 	ctx := deadline(t, 3*time.Minute)
-	srvs := startServers(t, 3, "-redis", store.Addr(), "-count-redis", countAddr,
+	srvs := startServers(t, 3, "-client", client, "-redis", store.Addr(), "-count-redis", countAddr,
 		"-lease", lease.String(), "-ttl", ttl.String(), "-delay", "2ms")
 	counts := redisClient(t, countAddr)
 	c := newClient(t)
@@ -247,12 +250,17 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 // TestRedisRestartWithoutPersistenceForgets shows why the outage test
 // runs Redis with an append-only file: a Redis restarted without
 // persistence (or a replica) has forgotten every record, so a retry after
-// the restart runs the handler again.
+// the restart runs the handler again. It runs for each client of the
+// store.
 func TestRedisRestartWithoutPersistenceForgets(t *testing.T) {
+	eachClient(t, testRedisRestartWithoutPersistenceForgets)
+}
+
+func testRedisRestartWithoutPersistenceForgets(t *testing.T, client string) {
 	store := redistest.StartProc(t)
 	countAddr := redistest.Start(t)
 	ctx := deadline(t, time.Minute)
-	srvs := startServers(t, 1, "-redis", store.Addr(), "-count-redis", countAddr)
+	srvs := startServers(t, 1, "-client", client, "-redis", store.Addr(), "-count-redis", countAddr)
 	counts := redisClient(t, countAddr)
 	c := newClient(t)
 	const key = "forget"

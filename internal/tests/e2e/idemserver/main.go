@@ -3,8 +3,8 @@
 // with its records in Redis, and a count of its executions kept outside
 // the middleware.
 //
-//	idemserver -redis 127.0.0.1:6379 [-count-redis addr] [-lease 30s] [-delay 2ms] [-shutdown-timeout 30s]
-//	           [-memory] [-gate-at after-count|before-count|after-store]
+//	idemserver -redis 127.0.0.1:6379 [-client go-redis|rueidis] [-count-redis addr] [-lease 30s] [-delay 2ms]
+//	           [-shutdown-timeout 30s] [-memory] [-gate-at after-count|before-count|after-store]
 //
 // POST /orders (protected by an Idempotency-Key) first records its
 // execution in the Redis hash exec:<key> on the count server: one field
@@ -64,10 +64,13 @@
 // transaction (see pgFlags in orders.go); -redis and -count-redis are then
 // unused.
 //
-// The Redis client uses redisstore.ClientOptions, the options recommended
-// for a request path (-redis-timeout, -redis-retries and -dialer-retries
-// change them). When it
-// listens the program prints "listening ADDR" on stdout.
+// The records' store is redisstore on a go-redis client with
+// redisstore.ClientOptions, the options recommended for a request path
+// (-redis-timeout, -redis-retries and -dialer-retries change them), or,
+// with -client rueidis, rueidisstore on a rueidis client with
+// rueidisstore.ClientOption, unchanged (those three flags then apply to
+// the count server's client only, which is go-redis's either way). When
+// it listens the program prints "listening ADDR" on stdout.
 package main
 
 import (
@@ -92,7 +95,9 @@ import (
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/rueidisstore"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 func main() {
@@ -112,11 +117,15 @@ func main() {
 	grace := flag.Duration("shutdown-timeout", 30*time.Second, "bound of the whole shutdown on SIGTERM or SIGINT")
 	noWait := flag.Bool("no-shutdown-wait", false, "test of the shutdown test: exit right after http.Server.Shutdown, without waiting for the records (Middleware.Shutdown)")
 	memory := flag.Bool("memory", false, "keep the records in this process's memory (memstore) instead of Redis; the count stays on -count-redis (else -redis)")
+	storeClient := flag.String("client", "go-redis", "the Redis client of the records' store: go-redis (redisstore) or rueidis (rueidisstore)")
 	var pg pgFlags
 	pg.register()
 	flag.Parse()
 	if *count == "" {
 		*count = *store
+	}
+	if *storeClient != "go-redis" && *storeClient != "rueidis" {
+		log.Fatalf("-client %q: want go-redis or rueidis", *storeClient)
 	}
 	log.SetFlags(0)
 	log.SetPrefix(fmt.Sprintf("idemserver[%d]: ", os.Getpid()))
@@ -167,13 +176,11 @@ func main() {
 				inner = thief{Store: owners, drop: owners.drop}
 			}
 		} else {
-			records := client(*store)
-			closers = append(closers, records.Close)
-			inner = redisstore.New(records, redisstore.WithPrefix(*prefix))
+			recs, drop, closeRecs := records(*storeClient, *store, *prefix, client)
+			closers = append(closers, closeRecs)
+			inner = recs
 			if *steal {
-				inner = thief{Store: inner, drop: func(ctx context.Context, key string) error {
-					return records.Del(ctx, *prefix+key).Err()
-				}}
+				inner = thief{Store: inner, drop: drop}
 			}
 		}
 		handler = &app{counts: counts, delay: *delay, twice: *twice, gate: g, gateAt: gateAt}
@@ -213,6 +220,26 @@ func main() {
 	}
 	unnotify() // a second signal kills the process
 	os.Exit(shutdown(srv, m, st, *grace, *noWait, closers...))
+}
+
+// records returns the records' store on the Redis at addr, under prefix,
+// through the client that -client names (goRedis makes go-redis's), the
+// function that deletes a key's entry (for -steal-leases), and the one
+// that closes the client.
+func records(name, addr, prefix string, goRedis func(addr string) *redis.Client) (storage.Store, func(ctx context.Context, key string) error, func() error) {
+	if name == "rueidis" {
+		c, err := rueidis.NewClient(rueidisstore.ClientOption(addr))
+		if err != nil {
+			log.Fatal(err)
+		}
+		drop := func(ctx context.Context, key string) error {
+			return c.Do(ctx, c.B().Del().Key(prefix+key).Build()).Error()
+		}
+		return rueidisstore.New(c, rueidisstore.WithPrefix(prefix)), drop, func() error { c.Close(); return nil }
+	}
+	rdb := goRedis(addr)
+	drop := func(ctx context.Context, key string) error { return rdb.Del(ctx, prefix+key).Err() }
+	return redisstore.New(rdb, redisstore.WithPrefix(prefix)), drop, rdb.Close
 }
 
 // shutdown stops the process in the order Middleware.Shutdown documents,

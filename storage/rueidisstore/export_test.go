@@ -1,0 +1,29 @@
+package rueidisstore
+
+import (
+	"time"
+
+	"github.com/idemkit/idem/storage/internal/redisproto"
+)
+
+// PolicyCheckEvery is how long a verdict on the maxmemory-policy stands.
+const PolicyCheckEvery = redisproto.CheckEvery
+
+// SetClock makes s read the time from now, for tests that age a verdict
+// without waiting. Call it before s is first used.
+func SetClock(s *Store, now func() time.Time) { s.guard.Now = now }
+
+// CheckRunning returns the channel closed when the maxmemory-policy check
+// in flight ends, or nil when none is.
+func CheckRunning(s *Store) <-chan struct{} { return s.guard.Running() }
+
+// WaitCheck waits for the maxmemory-policy check in flight, if any, to
+// end, and reports whether there was one.
+func WaitCheck(s *Store) bool {
+	done := s.guard.Running()
+	if done == nil {
+		return false
+	}
+	<-done
+	return true
+}

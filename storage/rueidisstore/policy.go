@@ -1,0 +1,79 @@
+package rueidisstore
+
+import (
+	"context"
+	"sync"
+
+	"github.com/idemkit/idem/storage/internal/redisproto"
+	"github.com/redis/rueidis"
+)
+
+// ErrEvictionPolicy means that the Redis server (on a cluster: one of its
+// nodes) reports a maxmemory-policy other than noeviction, under which it
+// may evict the store's keys when it runs out of memory: an in-flight
+// entry that vanishes lets a duplicate request run the handler again, and
+// a done entry that vanishes lets a retry run it again too. Every
+// operation of the store that starts new work (Acquire, AcquireIssued,
+// Issue) then fails with an error that wraps ErrEvictionPolicy, names the
+// policy and says what to do, and changes nothing, unless the store was
+// made with [WithEvictionAllowed]; Complete, Release and Extend are never
+// refused (see [New]). Compare with [errors.Is]. It is the very value
+// redisstore.ErrEvictionPolicy is, so errors.Is matches it whichever store
+// wrapped it.
+var ErrEvictionPolicy = redisproto.ErrEvictionPolicy
+
+// WithEvictionAllowed turns off the check of the server's maxmemory-policy:
+// the store then works on a Redis that may evict its keys. It is
+// dangerous. Under memory pressure (from this application or from any
+// other sharing the server) a Redis with an allkeys-* policy evicts any
+// key, and one with a volatile-* policy any key with a TTL, which every
+// key of this store has: an evicted in-flight entry lets a duplicate run
+// the handler a second time while the first still runs, and an evicted
+// done entry lets a retry run it again instead of replaying the response.
+// The middleware cannot notice either. Use it only when a duplicate
+// execution is acceptable, or when the server's memory is known never to
+// reach its limit (and then noeviction costs nothing: prefer setting it).
+func WithEvictionAllowed() Option { return func(s *Store) { s.guard.Off = true } }
+
+// askPolicy asks every node the client knows (c.Nodes(): every master and
+// replica of a Cluster, or the one server, or the master and the replicas
+// it reads from), in parallel, for its maxmemory-policy, and gives the
+// verdict (see [redisproto.Tally]). A refusal names the node when there
+// are several, or a Cluster.
+func (s *Store) askPolicy(ctx context.Context) (refusal error, ok bool) {
+	t := redisproto.Tally{Pkg: "rueidisstore"}
+	nodes := s.c.Nodes()
+	named := len(nodes) > 1 || s.c.Mode() == rueidis.ClientModeCluster
+	var wg sync.WaitGroup
+	for addr, n := range nodes {
+		name := ""
+		if named {
+			name = "node " + addr
+		}
+		wg.Go(func() {
+			p, err := policyOf(ctx, n)
+			t.Add(p, name, err)
+		})
+	}
+	wg.Wait()
+	return t.Verdict(nil)
+}
+
+// policyOf sends INFO memory to the node n and returns the
+// maxmemory_policy field of the answer, or "" when the node does not
+// tell: the field is missing, or it refuses the command for good (NOPERM
+// from an ACL, an unknown or renamed INFO, a section it does not know:
+// any error reply but the transient ones). It returns an error when the
+// node could not be asked: a network error, a timeout, a nil reply, or a
+// transient error reply (LOADING, BUSY, TRYAGAIN, MASTERDOWN,
+// CLUSTERDOWN).
+func policyOf(ctx context.Context, n rueidis.Client) (string, error) {
+	info, err := n.Do(ctx, n.B().Info().Section("memory").Build()).ToString()
+	if err == nil {
+		return redisproto.ParsePolicy(info), nil
+	}
+	if reply, ok := rueidis.IsRedisErr(err); ok && !redisproto.Transient(reply.Error()) {
+		return "", nil
+	}
+	return "", err
+}

@@ -1,0 +1,507 @@
+// Package rueidisstore is a [storage.Store] on Redis through the rueidis
+// client, shared by every instance of a service:
+//
+//	client, err := rueidis.NewClient(rueidisstore.ClientOption("localhost:6379"))
+//	if err != nil {
+//		return err
+//	}
+//	store := rueidisstore.New(client)
+//	m, err := idem.New(store)
+//
+// It works with whatever rueidis.NewClient returns unchanged: the client
+// of one server, of a Redis Cluster, or of the master that Sentinel names.
+//
+// It speaks exactly the protocol of storage/redisstore, the store on
+// go-redis: the same Lua scripts, the same keys under the same prefix,
+// the same entries (their layout, and how releases before this one read
+// them, is described in redisstore's package documentation), the same
+// answers and the same guard against a server that may evict. An entry
+// written by one store is read and finished by the other, so a service
+// can move from one client to the other, or run both while a deploy rolls
+// out, without a request running twice. What rueidis brings is speed: it
+// pipelines the commands of concurrent callers into shared writes on a
+// few connections (auto-pipelining), where go-redis takes a connection of
+// its pool for each command; the store keeps its own work per call small.
+//
+// Each operation is one Lua script on one key, run through rueidis's own
+// Lua support (EVALSHA, then EVAL when the server does not have the
+// script cached), so it is atomic, costs one round trip once the script
+// is cached, and routes to the right Redis Cluster node: a script touches
+// KEYS[1] only. Every key carries a TTL, sent in milliseconds and rounded
+// up (never 0, which PEXPIRE takes as "delete now"). Every script gives
+// the same answer when run twice, except Issue's: run twice, it answers
+// [storage.ErrExists] the second time, as the contract asks of an Issue of
+// a key that has an entry (the key is issued all the same). So the
+// scripts are marked retryable: rueidis may resend one after a network
+// error (see [ClientOption] for when, and how often).
+//
+// # Eviction
+//
+// The server must not evict the store's keys: its maxmemory-policy must be
+// noeviction (Redis's default). Under any other policy every key of the
+// store may be evicted under memory pressure, and a duplicate request
+// would then run the handler again, so the store checks the policy at its
+// first use and about once a minute after that, and refuses to start new
+// work, with [ErrEvictionPolicy], while it evicts: Acquire, AcquireIssued
+// and Issue are refused. Complete, Release and Extend are never refused:
+// they finish an execution that has started (possibly before the policy
+// changed), and refusing them would lose its record, so that the retry
+// ran it again. See [New]. A Redis shared with other applications that
+// want eviction (a cache) cannot serve the store: the policy and
+// maxmemory are the server's, for all its databases, so give the store a
+// server of its own. [WithEvictionAllowed] opts out.
+//
+// # Inspection
+//
+// The store is a [storage.Inspector]: [Store.Lookup] and [Store.Remove]
+// are one script on one key, [Store.List] pages through the keys under the
+// prefix with SCAN (on every master of a Cluster), two round trips a page
+// (three on a Cluster), safe on a server with millions of keys. Grant the
+// client's ACL user +scan and +time for them (and +cluster|slots on a
+// Cluster, which rueidis needs anyway).
+package rueidisstore
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/internal/redisproto"
+	"github.com/redis/rueidis"
+)
+
+// DefaultPrefix is the prefix of every key the store writes unless
+// WithPrefix says otherwise. It is redisstore's: both stores find each
+// other's entries.
+const DefaultPrefix = "idem:"
+
+// Store is a storage.Store on Redis through a rueidis client. Create it
+// with [New]; the zero value is not usable. It is safe for concurrent use.
+type Store struct {
+	c      rueidis.Client
+	prefix string
+	guard  redisproto.Guard
+}
+
+var (
+	_ storage.Store  = (*Store)(nil)
+	_ storage.Issuer = (*Store)(nil)
+)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithPrefix sets the prefix of every key, [DefaultPrefix] by default. An
+// empty prefix is allowed. Give each application sharing a Redis its own
+// prefix, and a redisstore.Store that is to share the entries the same
+// one. A hash tag such as "{idem}:" would put all keys on one Redis
+// Cluster slot, which is rarely wanted: the middleware's keys are hashes,
+// and spreading them across slots spreads the load.
+func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
+
+// New returns a Store that keeps its entries in the Redis behind c. It
+// sends nothing until used. It does not own c: the caller closes it, after
+// the last use of the store.
+//
+// # Eviction
+//
+// The store refuses to start new work on a Redis that may evict its keys:
+// an evicted in-flight entry lets a duplicate request run the handler
+// again. Only the operations that start new work check the policy:
+// Acquire, AcquireIssued and Issue ("operation" below means one of
+// these). The first one asks every node the client knows (c.Nodes()) for
+// its maxmemory-policy (INFO memory, sent to all of them in parallel: the
+// one server; each master and each replica of a Cluster, since a replica
+// becomes a master on failover; the master, and the replicas the client
+// reads from, of a Sentinel or standalone client) and waits for the
+// answers; from then on the verdict stands for about a minute, after
+// which the next operation starts a check in the background and goes on
+// with the old verdict without waiting. At most one check is in flight;
+// no goroutine outlives it. While the verdict says a node may evict, every
+// operation fails with an error wrapping [ErrEvictionPolicy] that names
+// the policy (and the node, on a Cluster or a client that knows several
+// nodes), without
+// sending its script. So a policy changed at run time (CONFIG SET) is
+// noticed within about a minute, either way.
+//
+// Complete, Release and Extend never check the policy, never wait for a
+// check and are never refused: whatever the verdict, they send their
+// script. They finish an execution that has started, possibly before the
+// policy changed: refused, its lease would run out and its record be
+// lost, and the retry would run the handler again, which is what the
+// check is there to prevent. A record stored while the server may evict
+// may be evicted later; it is replayed while it lasts, but only once
+// Acquire is allowed again (a replay is an Acquire, refused like any
+// other while the policy is bad).
+//
+//   - Any policy other than noeviction is refused, also with maxmemory 0
+//     (no limit, so nothing is evicted yet): a limit can be set at any
+//     time, and noeviction then costs nothing.
+//   - A server that does not report a policy is not refused: an INFO
+//     answer without the maxmemory_policy field, an INFO refused with
+//     NOPERM by an ACL, an unknown or renamed INFO command (miniredis
+//     answers INFO memory with an error). The verdict allows, and stands
+//     like any other. Grant +info to the client's ACL user for the check
+//     to work.
+//   - A check that could not be made (a network error or a timeout, a
+//     transient error reply such as LOADING, a node that does not answer,
+//     a client that knows no node) gives no verdict: an older verdict
+//     stands, and the next operation starts another check. Before the
+//     first verdict, each operation waits for a check (or for its context
+//     to end, and then returns the context's error) and, when that check
+//     fails, goes on and succeeds or fails on its own; while Redis is
+//     unreachable before the first verdict, an operation thus takes up to
+//     twice as long to fail.
+//
+// [WithEvictionAllowed] turns the check off.
+//
+// Give c the options of [ClientOption], or options as bounded: rueidis's
+// defaults suit batch work, not a request path.
+func New(c rueidis.Client, opts ...Option) *Store {
+	s := &Store{c: c, prefix: DefaultPrefix}
+	s.guard.Ask = s.askPolicy
+	for _, o := range opts {
+		if o != nil {
+			o(s)
+		}
+	}
+	return s
+}
+
+// ClientOption returns the rueidis options recommended for a client that
+// serves the middleware on a request path, for the servers at addrs (one
+// server, some nodes of a Cluster, or the sentinels once
+// Sentinel.MasterSet is set). With them a request gets its 503 at once
+// while Redis is down (its connections refused), and within about a
+// second while it is stalled or cut off, instead of the ten seconds and
+// more of rueidis's defaults, or never (see RetryDelay below). Change any
+// field before use:
+//
+//	opt := rueidisstore.ClientOption("localhost:6379")
+//	opt.Password = os.Getenv("REDIS_PASSWORD")
+//	client, err := rueidis.NewClient(opt)
+//
+// The fields it sets, and why:
+//
+//   - Dialer.Timeout 250 ms (rueidis's default 5 s): a connection, with
+//     its HELLO handshake, is made within it or fails. rueidis.NewClient
+//     dials at once, unlike go-redis: it fails when no server answers
+//     within it, so a program that starts while Redis is down gets an
+//     error rather than a client.
+//   - Dialer.KeepAlive 250 ms (default 1 s): besides the TCP keep-alive,
+//     the interval at which rueidis sends PING on a connection that
+//     received nothing since the last one. With ConnWriteTimeout, a server
+//     that stops answering (stalled, or cut off without a reset) is given
+//     up within 500 to 750 ms, and every command waiting on the connection
+//     fails then (a command whose context ends earlier fails at its end).
+//     An idle connection costs four PINGs a second.
+//   - ConnWriteTimeout 250 ms (default ten times Dialer.KeepAlive): how
+//     long that PING, or a write, may wait.
+//   - RetryDelay allowing one resend, at once. rueidis resends a
+//     retryable command after a network error, and after a LOADING,
+//     TRYAGAIN or CLUSTERDOWN answer (never after another error reply),
+//     as long as RetryDelay allows; its default allows resends with a
+//     backoff of up to a second for as long as the command's context
+//     lasts: a request's lasts until its client gives up, so while Redis
+//     is down a request would wait instead of getting its 503. Read-only
+//     commands are retryable; EVALSHA is not read-only (a script may
+//     write), but the store marks its scripts retryable, but Remove's.
+//     That is safe: a resend may run a script a second time (the first
+//     run's answer was lost, not its effect), and every script gives the
+//     same answer when run twice, but Issue's, whose resend answers
+//     [storage.ErrExists] for the key it issued, which its caller, who
+//     chose a fresh key, takes for success; Remove's resend would answer
+//     [storage.ErrNotFound]. One resend gets a request through a
+//     connection that broke under it (a restarted server); more would
+//     only delay its 503. (DisableRetry turns every resend off.)
+//   - DisableCache true: the store does not use client-side caching (its
+//     scripts are not cacheable), which would cost a CLIENT TRACKING per
+//     connection and the memory of a cache; it also lets the client talk
+//     to a server without RESP3.
+//
+// Auto-pipelining stays on (DisableAutoPipelining false): concurrent
+// operations share the writes of a few connections, which is what the
+// store is for. A Cluster's redirections (MOVED, ASK) are followed
+// whatever the options: the node did not run the script.
+func ClientOption(addrs ...string) rueidis.ClientOption {
+	return rueidis.ClientOption{
+		InitAddress:      addrs,
+		Dialer:           net.Dialer{Timeout: 250 * time.Millisecond, KeepAlive: 250 * time.Millisecond},
+		ConnWriteTimeout: 250 * time.Millisecond,
+		RetryDelay:       resendOnce,
+		DisableCache:     true,
+	}
+}
+
+// resendOnce is the RetryDelay of [ClientOption]: one resend, at once.
+func resendOnce(attempts int, _ rueidis.Completed, _ error) time.Duration {
+	if attempts > 1 {
+		return -1
+	}
+	return 0
+}
+
+// The protocol's scripts as rueidis runs them, retryable (see
+// [ClientOption]), but remove.
+var (
+	acquire       = rueidis.NewLuaScriptRetryable(redisproto.Acquire.Src)
+	acquireIssued = rueidis.NewLuaScriptRetryable(redisproto.AcquireIssued.Src)
+	issue         = rueidis.NewLuaScriptRetryable(redisproto.Issue.Src)
+	complete      = rueidis.NewLuaScriptRetryable(redisproto.Complete.Src)
+	release       = rueidis.NewLuaScriptRetryable(redisproto.Release.Src)
+	extend        = rueidis.NewLuaScriptRetryable(redisproto.Extend.Src)
+	inspect       = rueidis.NewLuaScriptRetryable(redisproto.Inspect.Src)
+	remove        = rueidis.NewLuaScript(redisproto.Inspect.Src)
+)
+
+// call is the arguments of one script call: the Redis key (KEYS[1]), then
+// ARGV. Those the store makes (the prefixed key, a lease or TTL in
+// decimal, the copy of a record) are strings over buf, and calls come
+// from a pool, so that a call allocates nothing once the pool is warm. A
+// call goes back to the pool once the server has answered it (rueidis has
+// written the command and is done with it), and only then: a command
+// whose context ends before rueidis has written it stays queued, and is
+// written later, so its arguments must not change until then; such a call
+// is left to the garbage collector. (That is also why a record is copied:
+// the caller of Complete reuses its memory once Complete returns, and the
+// middleware hands it to the next request.)
+type call struct {
+	buf      []byte
+	args     [4]string
+	n        int  // arguments set
+	answered bool // by the server: the call may go back to the pool
+}
+
+// maxPooled bounds the buffer of a call that goes back to callPool.
+const maxPooled = 64 << 10
+
+// room is the room a call needs for a lease or TTL in decimal.
+const room = 20
+
+var callPool = sync.Pool{New: func() any { return new(call) }}
+
+// newCall starts the call on the Redis key prefix+key, with room for
+// extra bytes of arguments to make.
+func newCall(prefix, key string, extra int) *call {
+	c := callPool.Get().(*call)
+	c.buf = slices.Grow(c.buf[:0], len(prefix)+len(key)+extra)
+	c.buf = append(append(c.buf, prefix...), key...)
+	c.args[0], c.n = rueidis.BinaryString(c.buf), 1
+	return c
+}
+
+// key returns the Redis key.
+func (c *call) key() string { return c.args[0] }
+
+// arg adds an argument given by the caller.
+func (c *call) arg(a string) {
+	c.args[c.n] = a
+	c.n++
+}
+
+// bytes adds a copy of b.
+func (c *call) bytes(b []byte) {
+	i := len(c.buf)
+	c.buf = append(c.buf, b...)
+	c.arg(rueidis.BinaryString(c.buf[i:]))
+}
+
+// millis adds d in whole milliseconds, rounded up (see [redisproto.Millis]).
+func (c *call) millis(d time.Duration) {
+	i := len(c.buf)
+	c.buf = strconv.AppendInt(c.buf, redisproto.Millis(d), 10)
+	c.arg(rueidis.BinaryString(c.buf[i:]))
+}
+
+// run runs sc with the call's arguments through client and converts the
+// answer, or returns the error that stood in for it. A nil reply, which
+// the scripts never give, is an unexpected reply: it must not pass for
+// "no entry".
+func (c *call) run(ctx context.Context, client rueidis.Client, sc *rueidis.Lua) (redisproto.Reply, error) {
+	r := sc.Exec(ctx, client, c.args[:1], c.args[1:c.n])
+	c.answered = r.NonRedisError() == nil
+	return replyOf(r)
+}
+
+// free ends the use of the call: back to the pool if the server answered
+// it.
+func (c *call) free() {
+	if !c.answered || cap(c.buf) > maxPooled {
+		return
+	}
+	c.args, c.n, c.answered = [4]string{}, 0, false
+	callPool.Put(c)
+}
+
+// replyOf converts a script's answer, or returns the error that stood in
+// for it (a network error, an error reply).
+func replyOf(r rueidis.RedisResult) (redisproto.Reply, error) {
+	m, err := r.ToMessage()
+	if rueidis.IsRedisNil(err) {
+		return redisproto.Reply{}, redisproto.Unexpected(redisproto.Reply{})
+	}
+	if err != nil {
+		return redisproto.Reply{}, err
+	}
+	return convert(&m), nil
+}
+
+// convert converts a reply: an integer, a string (shared with m, not
+// copied) or an array; anything else is Other.
+func convert(m *rueidis.RedisMessage) redisproto.Reply {
+	switch {
+	case m.IsInt64():
+		n, _ := m.ToInt64()
+		return redisproto.Reply{Kind: redisproto.Int, Int: n}
+	case m.IsString():
+		str, _ := m.ToString()
+		return redisproto.Reply{Kind: redisproto.String, Str: str}
+	case m.IsArray():
+		v, _ := m.ToArray()
+		a := make([]redisproto.Reply, len(v))
+		for i := range v {
+			a[i] = convert(&v[i])
+		}
+		return redisproto.Reply{Kind: redisproto.Array, Array: a}
+	}
+	return redisproto.Reply{}
+}
+
+// Acquire implements [storage.Store.Acquire]; given an issued entry, it
+// takes it as AcquireIssued does. Errors wrap
+// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
+func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	return s.acquire(ctx, "acquire", acquire, redisproto.AcquireResult, key, owner, fingerprint, lease)
+}
+
+// AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
+// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
+func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	return s.acquire(ctx, "acquire issued", acquireIssued, redisproto.AcquireIssuedResult, key, owner, fingerprint, lease)
+}
+
+func (s *Store) acquire(ctx context.Context, op string, sc *rueidis.Lua, result func(redisproto.Reply) (storage.Result, error), key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	if err := s.guard.Check(ctx); err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	c := newCall(s.prefix, key, room)
+	defer c.free()
+	c.arg(owner)
+	c.arg(fingerprint)
+	c.millis(lease)
+	reply, err := c.run(ctx, s.c, sc)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	res, err := result(reply)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), err)
+	}
+	return res, nil
+}
+
+// Issue implements [storage.Issuer.Issue]. Errors wrap [storage.ErrExists],
+// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an entry.
+// A command that rueidis resent after a network error, once the first had
+// issued the key, answers ErrExists.
+func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("rueidisstore: issue: %w: empty key", storage.ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("rueidisstore: issue: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	if err := s.guard.Check(ctx); err != nil {
+		return fmt.Errorf("rueidisstore: issue: %w", err)
+	}
+	c := newCall(s.prefix, key, room)
+	defer c.free()
+	c.millis(ttl)
+	reply, err := c.run(ctx, s.c, issue)
+	if err != nil {
+		return fmt.Errorf("rueidisstore: issue: %w", err)
+	}
+	if err := redisproto.IssueResult(reply); err != nil {
+		return fmt.Errorf("rueidisstore: issue %q: %w", c.key(), err)
+	}
+	return nil
+}
+
+// Complete implements [storage.Store.Complete]. The done entry keeps
+// owner: a later Complete of it returns nil only for the same owner and
+// record (a resend), and ErrNotOwner for any other owner, even with the
+// same record, and for a done entry of an older release, which does not
+// keep its owner. It is never refused for the server's maxmemory-policy
+// (see [New]). Errors wrap [storage.ErrNotOwner] or
+// [storage.ErrInvalid], or say that Redis could not be reached, failed,
+// or holds a value under the key that is not an entry.
+//
+// It sends a copy of rec, not rec itself: a command whose context ends
+// before rueidis has written it stays queued, and is written later, after
+// Complete has returned and the caller has reused rec's memory (the
+// middleware hands it to the next request).
+func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("rueidisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	c := newCall(s.prefix, key, len(rec)+room)
+	defer c.free()
+	c.arg(owner)
+	c.bytes(rec)
+	c.millis(ttl)
+	return s.owned(ctx, "complete", complete, c)
+}
+
+// Release implements [storage.Store.Release]: an entry taken from an issue
+// goes back to the issued state, for the issue's whole TTL again; Release
+// of an issued entry changes nothing and returns nil. It is never refused
+// for the server's maxmemory-policy (see [New]). Errors wrap
+// [storage.ErrNotOwner], or say that Redis could not be reached, failed,
+// or holds a value under the key that is not an entry.
+func (s *Store) Release(ctx context.Context, key, owner string) error {
+	c := newCall(s.prefix, key, 0)
+	defer c.free()
+	c.arg(owner)
+	return s.owned(ctx, "release", release, c)
+}
+
+// Extend implements [storage.Store.Extend]. It is never refused for the
+// server's maxmemory-policy (see [New]). Errors wrap
+// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
+// not be reached, failed, or holds a value under the key that is not an
+// entry.
+func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("rueidisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
+	}
+	c := newCall(s.prefix, key, room)
+	defer c.free()
+	c.arg(owner)
+	c.millis(lease)
+	return s.owned(ctx, "extend", extend, c)
+}
+
+// owned runs an owner-checked script and maps its answer. It does not
+// check the maxmemory-policy: Complete, Release and Extend finish work
+// that has started, and always send their script (see [New]).
+func (s *Store) owned(ctx context.Context, op string, sc *rueidis.Lua, c *call) error {
+	reply, err := c.run(ctx, s.c, sc)
+	if err != nil {
+		return fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	if err := redisproto.OwnedResult(reply); err != nil {
+		return fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), err)
+	}
+	return nil
+}
