@@ -1,25 +1,31 @@
 // Command loadtest measures what the idem middleware costs under load, on
-// loopback, against two references: the same handler without the
-// middleware (bare), and the floor, a client that calls the store's own
-// operations directly, without HTTP, as the middleware does for each
-// request (Acquire then Complete for a first execution, one Acquire for a
-// replay).
+// loopback, against references: the same handler without the middleware
+// (bare), each store's floor (its own operations called directly, without
+// HTTP, as the middleware calls them: Acquire then Complete for a first
+// execution, one Acquire for a replay) and, on Redis, the naive floors.
 //
 //	go run ./internal/tests/loadtest                            # memory store, 3 s per phase
 //	go run ./internal/tests/loadtest -store redis               # starts a redis-server from PATH
 //	go run ./internal/tests/loadtest -store redis -redis localhost:6379 -duration 5s -concurrency 32
 //
 // It serves a protected POST handler (201, three headers, a 200-byte JSON
-// body) and the same handler bare on a loopback port, runs each phase for
-// -duration with -concurrency clients, and prints requests per second, p50
-// and p99 per phase, then each protected figure as a ratio of its floor
-// and of bare. Phases: bare, first (a new key per request), replay (the
-// same key again), floor-first and floor-replay; with -store redis also the
-// naive floors (redisfloors.go): handlers on the same server that make a
-// first execution's two plain round trips (SET NX PX, then SET PX of 512
-// bytes) or a replay's one (GET) with go-redis or with rueidis, and answer
-// as the protected handler does: what a store of plain commands would
-// cost, through net/http like the protected phases, without idem.
+// body) and the same handler bare with net/http on a loopback port, runs
+// each phase for -duration with -concurrency clients, and prints requests
+// per second, p50 and p99 per phase, then each protected figure as a
+// share of its floors and of bare. The clients speak HTTP/1.1 themselves,
+// one keep-alive connection each (rawclient.go), so that the load
+// generator takes little of the cores it shares with the server and
+// Redis. Phases per store: first (a new key per request), replay (the
+// same key again), floor-first and floor-replay. With -store redis it
+// measures both Redis stores on the same server, redisstore (go-redis)
+// and rueidisstore (rueidis), and the naive floors (redisfloors.go):
+// handlers that make a first execution's two plain round trips (SET NX
+// PX, then SET PX of 512 bytes) or a replay's one (GET) with go-redis or
+// with rueidis, and answer as the protected handler does: what a store of
+// plain commands would cost, through net/http like the protected phases,
+// without idem. It then prints the targets of issue 22 and whether they
+// are met, and last each store's first and replay with one client at a
+// time (the latency of a lone request).
 //
 // With -store redis and no -redis address it starts its own redis-server
 // (no persistence, a free loopback port) and kills it, and waits for it, on
@@ -27,7 +33,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -49,11 +54,12 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/nethttp"
-	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/rueidisstore"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 )
 
 // The response of the handler: a 200-byte JSON body and three headers.
@@ -80,19 +86,28 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	store, addr, closeStore, err := openStore(storeName, redisAddr, concurrency)
+	stores, addr, closeStores, err := openStores(storeName, redisAddr, concurrency)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	m, err := idem.New(store)
-	if err != nil {
-		return err
-	}
+	defer closeStores()
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /bare", http.HandlerFunc(handler))
-	mux.Handle("POST /orders", nethttp.Middleware(m)(http.HandlerFunc(handler)))
+	for _, st := range stores {
+		m, err := idem.New(st.Store)
+		if err != nil {
+			return err
+		}
+		mux.Handle("POST /"+st.name+"/orders", nethttp.Middleware(m)(http.HandlerFunc(handler)))
+	}
+	if addr != "" {
+		closeFloors, err := redisFloors(mux, addr, concurrency, idem.DefaultLease, idem.DefaultTTL)
+		if err != nil {
+			return err
+		}
+		defer closeFloors()
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -100,56 +115,34 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(l)
 	defer srv.Close()
-	base := "http://" + l.Addr().String()
-	client := &http.Client{Transport: &http.Transport{
-		MaxIdleConns:        concurrency,
-		MaxIdleConnsPerHost: concurrency,
-	}}
+	conns := make([]*rawConn, concurrency)
+	for w := range conns {
+		if conns[w], err = dialRaw(l.Addr().String()); err != nil {
+			return err
+		}
+		defer conns[w].Close()
+	}
 
 	fmt.Printf("store %s, %d clients, %v per phase, GOMAXPROCS %d\n\n", storeName, concurrency, duration, runtime.GOMAXPROCS(0))
 	var keys atomic.Int64
-	post := func(path, key string) error {
-		req, _ := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(requestJSON))
-		req.Header.Set("Content-Type", "application/json")
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
+	newKey := func(prefix string) string { return prefix + strconv.FormatInt(keys.Add(1), 10) }
+	// post sends one request from client w and checks the answer: 201,
+	// a replay or not as expected.
+	post := func(w int, path, key string, replayed bool) error {
+		a, err := conns[w].post(path, key, requestJSON)
+		switch {
+		case err != nil:
 			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			return fmt.Errorf("%s: status %d", path, resp.StatusCode)
-		}
-		if replayed := resp.Header.Get(response.ReplayedHeader) == "true"; replayed != (key != "" && keys.Load() < 0) {
-			// keys < 0 marks the replay phase, where every answer must
-			// be a replay, and the first phase, where none may be.
-			return fmt.Errorf("%s: replayed=%v", path, replayed)
+		case a.status != http.StatusCreated:
+			return fmt.Errorf("%s: status %d: %.200s", path, a.status, a.body)
+		case a.replayed != replayed:
+			return fmt.Errorf("%s: replayed=%v", path, a.replayed)
 		}
 		return nil
 	}
 
-	// postPlain posts to a naive floor's route (redisfloors.go).
-	postPlain := func(path, key string) error {
-		req, _ := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(requestJSON))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", key)
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			return fmt.Errorf("%s: status %d: %s", path, resp.StatusCode, body)
-		}
-		return nil
-	}
-
-	// The floor: the store's operations without HTTP, with the same
-	// arguments the middleware passes.
+	// The floor of each store: its operations without HTTP, with the
+	// same arguments the middleware passes.
 	rec := httprec.Record{Status: http.StatusCreated, Header: http.Header{
 		"Content-Type": {"application/json"}, "Location": {"/orders/42"}, "X-Request-Id": {"2f1c7a9e-6f7d-4a8e-9f55-0d3c1b2a4e6f"},
 	}, Body: orderJSON}
@@ -158,88 +151,130 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 		return err
 	}
 	const lease, ttl = idem.DefaultLease, idem.DefaultTTL
-	fp := "0123456789abcdef"
-	floorKey := func(n int64) string { return "floor-" + strconv.FormatInt(n, 10) }
-	owner := "0123456789abcdef0123456789abcdef"
+	const fp, owner = "0123456789abcdef", "0123456789abcdef0123456789abcdef"
 
-	phases := []phase{
-		{"bare", func(int) error { return post("/bare", "") }},
-		{"first", func(int) error { return post("/orders", "first-"+strconv.FormatInt(keys.Add(1), 10)) }},
-		{"replay", func(w int) error { return post("/orders", "replay-"+strconv.Itoa(w)) }},
-		{"floor-first", func(int) error {
-			k := floorKey(keys.Add(1))
-			if res, err := store.Acquire(ctx, k, owner, fp, lease); err != nil || res.State != storage.Acquired {
-				return fmt.Errorf("acquire: %v %v", res.State, err)
-			}
-			return store.Complete(ctx, k, owner, encoded, ttl)
-		}},
-		{"floor-replay", func(w int) error {
-			res, err := store.Acquire(ctx, floorKey(-1-int64(w)), owner+"x", fp, lease)
-			if err == nil && res.State != storage.Done {
-				err = fmt.Errorf("acquire: %v", res.State)
-			}
-			return err
-		}},
+	phases := []phase{{name: "bare", do: func(w int) error { return post(w, "/bare", "", false) }}}
+	var latency []phase
+	for _, st := range stores {
+		path := "/" + st.name + "/orders"
+		first := phase{name: st.name + "-first", do: func(w int) error { return post(w, path, newKey("first-"), false) }}
+		var replayKeys []string // one per client, stored by prepare
+		replay := phase{
+			name: st.name + "-replay",
+			do:   func(w int) error { return post(w, path, replayKeys[w], true) },
+			// One stored key per client, then replays only.
+			prepare: func(clients int) error {
+				replayKeys = replayKeys[:0]
+				for w := range clients {
+					replayKeys = append(replayKeys, newKey("replay-"))
+					if err := post(w, path, replayKeys[w], false); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+		}
+		phases = append(phases, first, replay)
+		latency = append(latency, first, replay)
+	}
+	for _, st := range stores {
+		floorKey := func(w int) string { return "floor-replay-" + strconv.Itoa(w) }
+		phases = append(phases, phase{
+			name: st.name + "-floor-first",
+			do: func(int) error {
+				k := newKey("floor-")
+				if res, err := st.Acquire(ctx, k, owner, fp, lease); err != nil || res.State != storage.Acquired {
+					return fmt.Errorf("acquire: %v %v", res.State, err)
+				}
+				return st.Complete(ctx, k, owner, encoded, ttl)
+			},
+		}, phase{
+			name: st.name + "-floor-replay",
+			do: func(w int) error {
+				res, err := st.Acquire(ctx, floorKey(w), owner+"x", fp, lease)
+				if err == nil && res.State != storage.Done {
+					err = fmt.Errorf("acquire: %v", res.State)
+				}
+				return err
+			},
+			prepare: func(clients int) error {
+				for w := range clients {
+					if _, err := st.Acquire(ctx, floorKey(w), owner, fp, lease); err != nil {
+						return err
+					}
+					if err := st.Complete(ctx, floorKey(w), owner, encoded, ttl); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+		})
 	}
 	if addr != "" {
-		closeFloors, err := redisFloors(mux, addr, concurrency, lease, ttl)
-		if err != nil {
-			return err
-		}
-		defer closeFloors()
 		for _, client := range []string{"go-redis", "rueidis"} {
 			phases = append(phases,
-				phase{client + "-first", func(int) error {
-					return postPlain("/"+client+"/first", client+"-first-"+strconv.FormatInt(keys.Add(1), 10))
+				phase{name: client + "-first", do: func(w int) error {
+					return post(w, "/"+client+"/first", newKey(client+"-first-"), false)
 				}},
-				phase{client + "-replay", func(w int) error { return postPlain("/"+client+"/replay", client+"-replay-"+strconv.Itoa(w)) }})
+				phase{name: client + "-replay", do: func(w int) error {
+					return post(w, "/"+client+"/replay", client+"-replay-"+strconv.Itoa(w), false)
+				}})
 		}
 	}
 	results := map[string]result{}
 	for _, p := range phases {
-		switch p.name {
-		case "replay": // one stored key per client, then replays only
-			keys.Store(0)
-			for w := range concurrency {
-				if err := post("/orders", "replay-"+strconv.Itoa(w)); err != nil {
-					return err
-				}
-			}
-			keys.Store(-1)
-		case "floor-replay":
-			for w := range concurrency {
-				k := floorKey(-1 - int64(w))
-				if _, err := store.Acquire(ctx, k, owner, fp, lease); err != nil {
-					return err
-				}
-				if err := store.Complete(ctx, k, owner, encoded, ttl); err != nil {
-					return err
-				}
-			}
-		default:
-			keys.Store(0)
-		}
-		r, err := p.run(ctx, duration, concurrency)
+		r, err := p.measure(ctx, duration, concurrency)
 		if err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
+			return err
 		}
 		results[p.name] = r
-		fmt.Printf("%-13s %9.0f req/s   p50 %9v   p99 %9v   (%d requests)\n", p.name, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.n)
+		fmt.Printf("%-26s %9.0f req/s   p50 %9v   p99 %9v   (%d requests)\n", p.name, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.n)
 	}
 
 	b := results["bare"]
 	fmt.Println()
-	comparisons := []struct{ name, floor string }{{"first", "floor-first"}, {"replay", "floor-replay"}}
-	if addr != "" {
-		comparisons = append(comparisons, []struct{ name, floor string }{
-			{"first", "go-redis-first"}, {"replay", "go-redis-replay"}, {"first", "rueidis-first"}, {"replay", "rueidis-replay"},
-		}...)
+	type comparison struct{ name, floor string }
+	var comparisons []comparison
+	for _, st := range stores {
+		comparisons = append(comparisons, comparison{st.name + "-first", st.name + "-floor-first"}, comparison{st.name + "-replay", st.name + "-floor-replay"})
+		if addr != "" {
+			for _, client := range []string{"go-redis", "rueidis"} {
+				comparisons = append(comparisons, comparison{st.name + "-first", client + "-first"}, comparison{st.name + "-replay", client + "-replay"})
+			}
+		}
 	}
 	for _, c := range comparisons {
 		r, f := results[c.name], results[c.floor]
-		fmt.Printf("%-7s %5.1f %% of its floor's req/s (%s), %5.1f %% of bare; p50 %.2fx the floor's, %.2fx bare's; p99 %.2fx the floor's, %.2fx bare's\n",
-			c.name, 100*r.rate/f.rate, c.floor, 100*r.rate/b.rate,
-			ratio(r.p50, f.p50), ratio(r.p50, b.p50), ratio(r.p99, f.p99), ratio(r.p99, b.p99))
+		fmt.Printf("%-20s %5.1f %% of %-23s %5.1f %% of bare; p50 %.2fx the floor's, p99 %.2fx\n",
+			c.name, 100*r.rate/f.rate, c.floor+",", 100*r.rate/b.rate, ratio(r.p50, f.p50), ratio(r.p99, f.p99))
+	}
+	if addr != "" {
+		fmt.Println("\ntargets of issue 22, idem on rueidisstore:")
+		for _, t := range []struct {
+			name, floor string
+			want        float64
+		}{
+			{"rueidisstore-first", "go-redis-first", 1.3}, {"rueidisstore-replay", "go-redis-replay", 1.5},
+			{"rueidisstore-first", "rueidis-first", 0.8}, {"rueidisstore-replay", "rueidis-replay", 0.8},
+		} {
+			got := results[t.name].rate / results[t.floor].rate
+			verdict := "met"
+			if got < t.want {
+				verdict = "MISSED"
+			}
+			fmt.Printf("  %-20s %.2fx the %-15s floor (target %.2fx): %s\n", t.name, got, t.floor, t.want, verdict)
+		}
+	}
+
+	// Latency of one request at a time: a pipelining client must not add
+	// any when idle.
+	fmt.Println("\none client at a time:")
+	for _, p := range latency {
+		r, err := p.measure(ctx, duration, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-26s %9.0f req/s   p50 %9v   p99 %9v   (%d requests)\n", p.name, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.n)
 	}
 	return nil
 }
@@ -260,6 +295,23 @@ func handler(w http.ResponseWriter, r *http.Request) {
 type phase struct {
 	name string
 	do   func(worker int) error
+	// prepare, when set, readies the store for clients clients (the keys
+	// that replays ask for) before the phase runs.
+	prepare func(clients int) error
+}
+
+// measure prepares and runs the phase.
+func (p phase) measure(ctx context.Context, d time.Duration, clients int) (result, error) {
+	if p.prepare != nil {
+		if err := p.prepare(clients); err != nil {
+			return result{}, fmt.Errorf("%s: %w", p.name, err)
+		}
+	}
+	r, err := p.run(ctx, d, clients)
+	if err != nil {
+		return result{}, fmt.Errorf("%s: %w", p.name, err)
+	}
+	return r, nil
 }
 
 type result struct {
@@ -312,13 +364,21 @@ func (p phase) run(ctx context.Context, d time.Duration, concurrency int) (resul
 	}, nil
 }
 
-// openStore opens the store and returns the Redis address it uses (""
-// for memory) and the function that closes it and whatever it started.
-func openStore(name, addr string, concurrency int) (storage.Store, string, func(), error) {
+// namedStore is a store under test, named as its package is.
+type namedStore struct {
+	name string
+	storage.Store
+}
+
+// openStores opens the stores under test: the memory store, or the two
+// Redis stores (redisstore on go-redis, rueidisstore on rueidis) on one
+// Redis. It returns the Redis address ("" for memory) and the function
+// that closes them and whatever it started.
+func openStores(name, addr string, concurrency int) ([]namedStore, string, func(), error) {
 	switch name {
 	case "memory":
 		s := memstore.New(memstore.WithMaxEntries(1 << 20))
-		return s, "", func() { s.Close() }, nil
+		return []namedStore{{"memstore", s}}, "", func() { s.Close() }, nil
 	case "redis":
 	default:
 		return nil, "", nil, fmt.Errorf("unknown store %q (memory or redis)", name)
@@ -330,9 +390,10 @@ func openStore(name, addr string, concurrency int) (storage.Store, string, func(
 			return nil, "", nil, err
 		}
 	}
-	// The options the README recommends for a web
-	// service, and a pool as large as the load.
-	opt := redisstore.ClientOptions(addr) // what the README recommends
+	// The options each store's documentation recommends for a web
+	// service; go-redis's pool as large as the load (rueidis pipelines
+	// every request on one connection).
+	opt := redisstore.ClientOptions(addr)
 	opt.PoolSize = concurrency + 4
 	rdb := redis.NewClient(opt)
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
@@ -340,12 +401,22 @@ func openStore(name, addr string, concurrency int) (storage.Store, string, func(
 		stopServer()
 		return nil, "", nil, fmt.Errorf("redis at %s: %w", addr, err)
 	}
-	prefix := fmt.Sprintf("idem-loadtest:%d:", time.Now().UnixNano())
-	return redisstore.New(rdb, redisstore.WithPrefix(prefix)), addr, func() {
-		deleteKeys(rdb, prefix)
+	ru, err := rueidis.NewClient(rueidisstore.ClientOption(addr))
+	if err != nil {
 		rdb.Close()
 		stopServer()
-	}, nil
+		return nil, "", nil, fmt.Errorf("rueidis: %w", err)
+	}
+	prefix := fmt.Sprintf("idem-loadtest:%d:", time.Now().UnixNano())
+	return []namedStore{
+			{"redisstore", redisstore.New(rdb, redisstore.WithPrefix(prefix+"r:"))},
+			{"rueidisstore", rueidisstore.New(ru, rueidisstore.WithPrefix(prefix+"u:"))},
+		}, addr, func() {
+			deleteKeys(rdb, prefix)
+			ru.Close()
+			rdb.Close()
+			stopServer()
+		}, nil
 }
 
 // deleteKeys deletes the keys under prefix.
