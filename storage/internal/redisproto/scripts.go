@@ -104,7 +104,10 @@ func Millis(d time.Duration) int64 {
 // rest, the 'C' one with its owner, the 'D' one without; an 'I' entry
 // comes out with empty fingerprint and rest. A TTL is a string of 1 to 15
 // decimal digits without a leading zero, kept as a string to be sent to
-// PX as it is. uvarint reads the unsigned varint (7 bits a byte, least
+// PX as it is. stamped puts the stamp before an entry: the server's time
+// in milliseconds, 6 bytes, most significant first, made in one
+// string.char (a byte at a time, it cost each writing script about 10 %
+// more server time). uvarint reads the unsigned varint (7 bits a byte, least
 // significant first, as Go's encoding/binary) of at most 5 bytes at i of
 // s, and returns it and the index after it; uvarintOf writes one.
 const parseLua = `
@@ -163,12 +166,13 @@ local function parse(v)
 end
 local function stamped(e)
   local t = redis.call('TIME')
-  local ms, b = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ''
-  for i = 1, 6 do
-    b = string.char(ms % 256) .. b
-    ms = math.floor(ms / 256)
-  end
-  return 'T' .. b .. e
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local b6 = ms % 256 ms = (ms - b6) / 256
+  local b5 = ms % 256 ms = (ms - b5) / 256
+  local b4 = ms % 256 ms = (ms - b4) / 256
+  local b3 = ms % 256 ms = (ms - b3) / 256
+  local b2 = ms % 256 ms = (ms - b2) / 256
+  return 'T' .. string.char(ms % 256, b2, b3, b4, b5, b6) .. e
 end
 local v = redis.call('GET', KEYS[1])
 `
