@@ -3,11 +3,10 @@ package rueidisstore_test
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/internal/redisproto"
+	"github.com/idemkit/idem/storage/internal/redisproto/redisprototest"
 	"github.com/idemkit/idem/storage/rueidisstore"
 	"github.com/idemkit/idem/storage/storagetest"
 	"github.com/redis/rueidis"
@@ -61,16 +61,6 @@ func client(t testing.TB, addrs ...string) rueidis.Client {
 // prefix returns a prefix no other test uses, for tests on a shared server.
 func prefix(name string) string { return "test:" + name + ":" + rand.Text()[:8] + ":" }
 
-// each runs f on every backend, as a subtest of its own.
-func each(t *testing.T, f func(t *testing.T, c rueidis.Client, mr *miniredis.Miniredis)) {
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			c, mr := b.open(t)
-			f(t, c, mr)
-		})
-	}
-}
-
 // do sends a command built from args and fails the test on an error.
 func do(t testing.TB, c rueidis.Client, args ...string) rueidis.RedisMessage {
 	t.Helper()
@@ -87,17 +77,6 @@ func get(t testing.TB, c rueidis.Client, key string) string {
 	m := do(t, c, "GET", key)
 	v, _ := m.ToString()
 	return v
-}
-
-// pttl returns the PTTL of key.
-func pttl(t testing.TB, c rueidis.Client, key string) time.Duration {
-	t.Helper()
-	m := do(t, c, "PTTL", key)
-	n, err := m.ToInt64()
-	if err != nil {
-		t.Fatalf("PTTL %s: %v", key, err)
-	}
-	return time.Duration(n) * time.Millisecond
 }
 
 // TestContractMiniredis runs the suite on miniredis, whose clocks move.
@@ -139,122 +118,48 @@ func TestContractRedisCluster(t *testing.T) {
 	})
 }
 
-// op is one store operation with the outcome it must have.
-type op struct {
-	name string
-	run  func(ctx context.Context, s *rueidisstore.Store) error
-}
-
-// acquireOp acquires key for owner, and wants the state want.
-func acquireOp(name, key, owner string, want storage.State) op {
-	return op{name, func(ctx context.Context, s *rueidisstore.Store) error {
-		res, err := s.Acquire(ctx, key, owner, "fp", time.Minute)
-		if err == nil && res.State != want {
-			return errors.New("state " + res.State.String() + ", want " + want.String())
-		}
-		return err
-	}}
-}
-
-// acquireIssuedOp acquires the issued key for owner, and wants the state
-// want.
-func acquireIssuedOp(name, key, owner string, want storage.State) op {
-	return op{name, func(ctx context.Context, s *rueidisstore.Store) error {
-		res, err := s.AcquireIssued(ctx, key, owner, "fp", time.Minute)
-		if err == nil && res.State != want {
-			return errors.New("state " + res.State.String() + ", want " + want.String())
-		}
-		return err
-	}}
-}
-
-// wantErr runs f, and wants an error wrapping want.
-func wantErr(want error, f func(ctx context.Context, s *rueidisstore.Store) error) func(ctx context.Context, s *rueidisstore.Store) error {
-	return func(ctx context.Context, s *rueidisstore.Store) error {
-		if err := f(ctx, s); !errors.Is(err, want) {
-			return errors.New("error " + errString(err) + ", want " + want.Error())
-		}
-		return nil
+// protocolHarness is the harness of the protocol's suite on c; mr, when
+// not nil, is c's server, of the test's own, whose clock the suite sets.
+func protocolHarness(c rueidis.Client, mr *miniredis.Miniredis) redisprototest.Harness {
+	h := redisprototest.Harness{
+		New: func(prefix string) redisprototest.Store {
+			if prefix == "" {
+				return rueidisstore.New(c)
+			}
+			return rueidisstore.New(c, rueidisstore.WithPrefix(prefix))
+		},
+		Do: func(ctx context.Context, args ...string) (redisproto.Reply, error) {
+			v, err := c.Do(ctx, c.B().Arbitrary(args...).Build()).ToAny()
+			if rueidis.IsRedisNil(err) {
+				return redisproto.Reply{}, nil
+			}
+			return redisproto.FromAny(v), err
+		},
 	}
+	if mr != nil {
+		h.SetTime = mr.SetTime
+	}
+	return h
 }
 
-// errString is err's text, "nil" for none.
-func errString(err error) string {
-	if err == nil {
-		return "nil"
+// TestProtocol runs the protocol's suite (redisprototest) through
+// rueidis on every backend.
+func TestProtocol(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			redisprototest.Run(t, func(t *testing.T) redisprototest.Harness { return protocolHarness(b.open(t)) })
+		})
 	}
-	return err.Error()
 }
 
 // everyOutcome walks every outcome of every operation, and then looks
-// the entries up and lists them.
-var everyOutcome = []op{
-	acquireOp("acquire new", "k", "o", storage.Acquired),
-	acquireOp("acquire again", "k", "o", storage.Acquired),
-	acquireOp("acquire in flight", "k", "o2", storage.InFlight),
-	{"extend", func(ctx context.Context, s *rueidisstore.Store) error { return s.Extend(ctx, "k", "o", time.Minute) }},
-	{"extend not owner", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *rueidisstore.Store) error { return s.Extend(ctx, "k", "o2", time.Minute) })},
-	{"release not owner", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *rueidisstore.Store) error { return s.Release(ctx, "k", "o2") })},
-	{"complete not owner", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *rueidisstore.Store) error {
-		return s.Complete(ctx, "k", "o2", []byte("rec"), time.Minute)
-	})},
-	{"complete", func(ctx context.Context, s *rueidisstore.Store) error {
-		return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute)
-	}},
-	{"complete resent", func(ctx context.Context, s *rueidisstore.Store) error {
-		return s.Complete(ctx, "k", "o", []byte("rec"), time.Minute)
-	}},
-	acquireOp("acquire done", "k", "o2", storage.Done),
-	acquireOp("acquire to release", "k2", "o", storage.Acquired),
-	{"release", func(ctx context.Context, s *rueidisstore.Store) error { return s.Release(ctx, "k2", "o") }},
-	{"release missing", func(ctx context.Context, s *rueidisstore.Store) error { return s.Release(ctx, "k2", "o") }},
-	{"issue", func(ctx context.Context, s *rueidisstore.Store) error { return s.Issue(ctx, "i", time.Minute) }},
-	{"issue exists", wantErr(storage.ErrExists, func(ctx context.Context, s *rueidisstore.Store) error { return s.Issue(ctx, "i", time.Minute) })},
-	acquireIssuedOp("acquire issued, not issued", "never", "o", storage.NotIssued),
-	acquireIssuedOp("acquire issued", "i", "o", storage.Acquired),
-	acquireIssuedOp("acquire issued again", "i", "o", storage.Acquired),
-	acquireIssuedOp("acquire issued in flight", "i", "o2", storage.InFlight),
-	{"release to issued", func(ctx context.Context, s *rueidisstore.Store) error { return s.Release(ctx, "i", "o") }},
-	{"release issued", func(ctx context.Context, s *rueidisstore.Store) error { return s.Release(ctx, "i", "o") }},
-	{"extend issued", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *rueidisstore.Store) error { return s.Extend(ctx, "i", "o", time.Minute) })},
-	{"complete issued", wantErr(storage.ErrNotOwner, func(ctx context.Context, s *rueidisstore.Store) error {
-		return s.Complete(ctx, "i", "o", []byte("rec"), time.Minute)
-	})},
-	acquireOp("acquire takes issued", "i", "o", storage.Acquired),
-	{"complete taken from an issue", func(ctx context.Context, s *rueidisstore.Store) error {
-		return s.Complete(ctx, "i", "o", []byte("rec"), time.Minute)
-	}},
-	acquireIssuedOp("acquire issued done", "i", "o2", storage.Done),
-	{"lookup", func(ctx context.Context, s *rueidisstore.Store) error {
-		e, err := s.Lookup(ctx, "k", true)
-		if err == nil && (e.State != storage.Done || string(e.Record) != "rec") {
-			return errors.New("entry " + e.State.String() + " " + string(e.Record) + ", want done with rec")
-		}
-		return err
-	}},
-	{"list", func(ctx context.Context, s *rueidisstore.Store) error {
-		// One page on a server of a few keys; a shared one takes more.
-		q, n := storage.Query{Limit: 1000}, 0
-		for {
-			page, err := s.List(ctx, q)
-			if err != nil {
-				return err
-			}
-			if n += len(page.Entries); page.Next == "" {
-				break
-			}
-			q.Cursor = page.Next
-		}
-		if n != 2 {
-			return errors.New("listed " + strconv.Itoa(n) + " entries, want k and i")
-		}
-		return nil
-	}},
-	{"remove", func(ctx context.Context, s *rueidisstore.Store) error {
+// the entries up, lists them and removes one.
+var everyOutcome = slices.Concat(redisprototest.Outcomes, redisprototest.Inspections, []redisprototest.Op{
+	{Name: "remove", Run: func(ctx context.Context, s redisprototest.Store) error {
 		_, err := s.Remove(ctx, "k")
 		return err
 	}},
-}
+})
 
 // firstUse is the index in everyOutcome of the first use of each script:
 // acquire, extend, release, complete, issue, acquire issued, inspect
@@ -343,18 +248,18 @@ func TestOneRoundTripEach(t *testing.T) {
 		t.Helper()
 		for i, o := range everyOutcome {
 			counter.count()
-			if err := o.run(ctx, s); err != nil {
-				t.Fatalf("%s: %s: %v", pass, o.name, err)
+			if err := o.Run(ctx, s); err != nil {
+				t.Fatalf("%s: %s: %v", pass, o.Name, err)
 			}
 			if got, n := counter.count(); n != want(i) {
-				t.Errorf("%s: %s took %d commands (%v), want %d", pass, o.name, n, got, want(i))
+				t.Errorf("%s: %s took %d commands (%v), want %d", pass, o.Name, n, got, want(i))
 			}
 		}
 	}
 	do(t, c, "SCRIPT", "FLUSH")
 	base := func(i int) int64 {
 		n := int64(1)
-		if everyOutcome[i].name == "list" {
+		if everyOutcome[i].Name == "list" {
 			n = 3
 		}
 		if i == 0 {
@@ -397,134 +302,14 @@ func TestScriptSHAs(t *testing.T) {
 	counter := newServerCounter(t, addr)
 	s := rueidisstore.New(c, rueidisstore.WithPrefix(prefix("sha")), rueidisstore.WithEvictionAllowed())
 	for _, o := range everyOutcome {
-		if err := o.run(t.Context(), s); err != nil {
-			t.Fatalf("%s: %v", o.name, err)
+		if err := o.Run(t.Context(), s); err != nil {
+			t.Fatalf("%s: %v", o.Name, err)
 		}
 	}
 	got, _ := counter.count()
 	// One EVALSHA each, and List's look-ups of its two keys.
 	if want := int64(len(everyOutcome) + 1); got["evalsha"] != want || got["eval"] != 0 {
 		t.Fatalf("commands %v, want %d evalsha and no eval", got, want)
-	}
-}
-
-// TestKeysPrefixedWithTTL checks the layout byte for byte, as the store
-// writes it through rueidis (the record, the lease and the TTL in
-// milliseconds, rounded up), and that every key is under the prefix and
-// has a TTL.
-func TestKeysPrefixedWithTTL(t *testing.T) {
-	mr := miniredis.RunT(t)
-	c := client(t, mr.Addr())
-	s := rueidisstore.New(c, rueidisstore.WithPrefix("app:"))
-	ctx := t.Context()
-	// The server's clock, for the stamps: TIME in a script answers it.
-	t0 := time.UnixMilli(1_800_000_000_123)
-	mr.SetTime(t0)
-	stamp := func(at time.Time) string {
-		b := binary.BigEndian.AppendUint64(nil, uint64(at.UnixMilli()))
-		return "T" + string(b[2:])
-	}
-	check := func(key, value string, ttl time.Duration) {
-		t.Helper()
-		if v, err := mr.Get(key); err != nil || v != value {
-			t.Fatalf("%s holds %q (%v), want %q", key, v, err, value)
-		}
-		if got := mr.TTL(key); got != ttl {
-			t.Fatalf("%s TTL %v, want %v", key, got, ttl)
-		}
-	}
-	s.Acquire(ctx, "k", "owner", "fp", 1500*time.Millisecond)
-	check("app:k", stamp(t0)+"P\x02fpowner", 1500*time.Millisecond)
-	mr.SetTime(t0.Add(time.Second))                   // a renewal keeps the stamp
-	s.Acquire(ctx, "k", "owner", "fp", 2*time.Second) // renewed
-	check("app:k", stamp(t0)+"P\x02fpowner", 2*time.Second)
-	s.Extend(ctx, "k", "owner", 1001*time.Microsecond) // rounded up
-	check("app:k", stamp(t0)+"P\x02fpowner", 2*time.Millisecond)
-	mr.SetTime(t0.Add(2 * time.Second)) // done: stamped anew
-	rec := []byte{0, 1, 2}
-	s.Complete(ctx, "k", "owner", rec, 36*time.Hour)
-	rec[0] = 'x' // the caller reuses its buffer
-	check("app:k", stamp(t0.Add(2*time.Second))+"C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
-	s.Acquire(ctx, "sub", "o", "", 100*time.Microsecond)
-	check("app:sub", stamp(t0.Add(2*time.Second))+"P\x00o", time.Millisecond)
-	mr.SetTime(t0.Add(3 * time.Second))
-	s.Acquire(ctx, "k", "other", "x", time.Minute) // a replay changes nothing
-	check("app:k", stamp(t0.Add(2*time.Second))+"C\x02fp\x05owner\x00\x01\x02", 36*time.Hour)
-	// An owner of 128 bytes or more: its length takes two bytes or more.
-	for _, c := range []struct {
-		n   int
-		len string
-	}{{127, "\x7f"}, {128, "\x80\x01"}, {16384, "\x80\x80\x01"}} {
-		long := strings.Repeat("o", c.n)
-		s.Acquire(ctx, "long", long, "fp", time.Minute)
-		s.Complete(ctx, "long", long, []byte("r"), time.Hour)
-		check("app:long", stamp(t0.Add(3*time.Second))+"C\x02fp"+c.len+long+"r", time.Hour)
-		if res, err := s.Acquire(ctx, "long", "x", "", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != "r" || res.Fingerprint != "fp" {
-			t.Fatalf("replay of an owner of %d bytes: %+v, %v", c.n, res, err)
-		}
-		mr.Del("app:long")
-	}
-
-	// Issued keys: stamped when issued, taken, released, done.
-	at := func(d time.Duration) string { mr.SetTime(t0.Add(d)); return stamp(t0.Add(d)) }
-	st := at(10 * time.Second)
-	s.Issue(ctx, "i", 90*time.Minute)
-	check("app:i", st+"I5400000", 90*time.Minute)
-	st = at(12 * time.Second)
-	s.AcquireIssued(ctx, "i", "owner", "fp", 30*time.Second)
-	check("app:i", st+"Q\x02fp\x075400000owner", 30*time.Second)
-	s.Extend(ctx, "i", "owner", 1001*time.Microsecond) // rounded up
-	check("app:i", st+"Q\x02fp\x075400000owner", 2*time.Millisecond)
-	st = at(14 * time.Second)
-	s.Release(ctx, "i", "owner") // back to issued, for the issue's whole TTL
-	check("app:i", st+"I5400000", 90*time.Minute)
-	st = at(16 * time.Second)
-	s.Acquire(ctx, "i", "o", "", time.Second) // Acquire takes it too
-	s.Complete(ctx, "i", "o", []byte("r"), time.Hour)
-	check("app:i", st+"C\x00\x01or", time.Hour)
-	s.Issue(ctx, "sub-i", time.Nanosecond) // rounded up
-	check("app:sub-i", st+"I1", time.Millisecond)
-	s.AcquireIssued(ctx, "never", "o", "", time.Minute) // writes nothing
-	if keys := mr.Keys(); len(keys) != 4 {
-		t.Fatalf("keys %q, want app:k, app:sub, app:i and app:sub-i only", keys)
-	}
-
-	// The default prefix.
-	rueidisstore.New(c).Acquire(ctx, "k", "o", "", time.Minute)
-	if !mr.Exists("idem:k") {
-		t.Fatalf("keys %q, want idem:k among them", mr.Keys())
-	}
-}
-
-// TestEveryKeyHasTTLOnRedis runs every operation on a real server and
-// checks that each key under the prefix has a TTL.
-func TestEveryKeyHasTTLOnRedis(t *testing.T) {
-	c := client(t, redistest.Addr(t))
-	ctx := t.Context()
-	p := prefix("ttl")
-	s := rueidisstore.New(c, rueidisstore.WithPrefix(p))
-	for _, o := range everyOutcome[:len(everyOutcome)-1] { // but remove
-		if err := o.run(ctx, s); err != nil {
-			t.Fatalf("%s: %v", o.name, err)
-		}
-	}
-	s.Acquire(ctx, "sub", "o", "", 100*time.Microsecond+time.Minute)
-	s.Acquire(ctx, "held", "o", "", time.Minute)
-	s.Extend(ctx, "held", "o", 100*time.Microsecond+time.Minute)
-	keys, err := c.Do(ctx, c.B().Keys().Pattern(p+"*").Build()).AsStrSlice() // a test server: KEYS is fine
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) != 4 {
-		t.Fatalf("keys %q, want k, i, sub and held", keys)
-	}
-	for _, k := range keys {
-		if d := pttl(t, c, k); d <= 0 {
-			t.Errorf("%s PTTL %v, want a TTL", k, d)
-		}
-	}
-	if d := pttl(t, c, p+"k"); d < 59*time.Second {
-		t.Errorf("done entry PTTL %v, want about a minute", d)
 	}
 }
 
@@ -621,192 +406,6 @@ func TestRecommendedOptionsFailFast(t *testing.T) {
 	srv.Kill()
 	took, err = acquire(t.Context(), "killed")
 	wantFail("on a killed server", took, err, time.Second)
-}
-
-// TestCorruptValue puts values that are not entries under a key: every
-// operation fails with an error (not ErrNotOwner, not a panic) and leaves
-// the value alone.
-func TestCorruptValue(t *testing.T) {
-	each(t, func(t *testing.T, c rueidis.Client, _ *miniredis.Miniredis) {
-		ctx := t.Context()
-		p := prefix("corrupt")
-		s := rueidisstore.New(c, rueidisstore.WithPrefix(p))
-		for _, v := range []string{
-			"", "garbage", "D", "P", "P\x00", "P\x02fp", "X\x00abc", "D\x09short", "\x00\x00",
-			"I", "I0", "I01", "I-5", "I5x", "I1.5", "I1234567890123456", "i5",
-			"Q", "Q\x00", "Q\x00\x00o", "Q\x00\x015", "Q\x02fp\x025o", "Q\x00\x010o", "Q\x00\x02x1o",
-			"C", "C\x00", "C\x02fp", "C\x00\x00", "C\x00\x00rec", "C\x00\x80\x00o", "C\x00\x05own",
-			"C\x00\xff\xff\xff\xff\xff\x01o",
-			"T", "T\x00", "T123456", "T\x00\x00\x00\x00\x00P\x00o", "T123456garbage", "T123456D\x00r",
-			"T123456T123456P\x00o", "T123456P\x00", "T123456C\x00\x00", "T123456I", "T123456Q\x00\x00o",
-		} {
-			do(t, c, "SET", p+"bad", v, "PX", "60000")
-			for name, f := range map[string]func() error{
-				"acquire":  func() error { _, err := s.Acquire(ctx, "bad", "o", "", time.Minute); return err },
-				"complete": func() error { return s.Complete(ctx, "bad", "o", []byte("r"), time.Minute) },
-				"release":  func() error { return s.Release(ctx, "bad", "o") },
-				"extend":   func() error { return s.Extend(ctx, "bad", "o", time.Minute) },
-				"issue":    func() error { return s.Issue(ctx, "bad", time.Minute) },
-				"acquire issued": func() error {
-					_, err := s.AcquireIssued(ctx, "bad", "o", "", time.Minute)
-					return err
-				},
-				"lookup": func() error { _, err := s.Lookup(ctx, "bad", true); return err },
-				"remove": func() error { _, err := s.Remove(ctx, "bad"); return err },
-			} {
-				err := f()
-				if err == nil || errors.Is(err, storage.ErrNotOwner) || !strings.Contains(err.Error(), "not an idem entry") {
-					t.Errorf("%s over %q: %v, want an error saying the value is not an entry", name, v, err)
-				}
-			}
-			if got := get(t, c, p+"bad"); got != v {
-				t.Errorf("value %q changed to %q", v, got)
-			}
-		}
-
-		// A key of another type: Redis's own WRONGTYPE error.
-		do(t, c, "DEL", p+"bad")
-		do(t, c, "HSET", p+"bad", "f", "v")
-		if _, err := s.Acquire(ctx, "bad", "o", "", time.Minute); err == nil || errors.Is(err, storage.ErrNotOwner) {
-			t.Errorf("Acquire over a hash: %v, want an error", err)
-		}
-		if err := s.Release(ctx, "bad", "o"); err == nil || errors.Is(err, storage.ErrNotOwner) {
-			t.Errorf("Release over a hash: %v, want an error", err)
-		}
-		if m := do(t, c, "TYPE", p+"bad"); func() string { v, _ := m.ToString(); return v }() != "hash" {
-			t.Errorf("the hash is gone")
-		}
-	})
-}
-
-// TestScriptsAreSafeToRunTwice sends each script twice, as rueidis does
-// when it resends a command after a network error, from two goroutines at
-// once.
-func TestScriptsAreSafeToRunTwice(t *testing.T) {
-	each(t, func(t *testing.T, c rueidis.Client, _ *miniredis.Miniredis) {
-		ctx := t.Context()
-		s := rueidisstore.New(c, rueidisstore.WithPrefix(prefix("twice")))
-		twice := func(what string, f func() error) {
-			t.Helper()
-			var wg sync.WaitGroup
-			errs := make([]error, 2)
-			for i := range errs {
-				wg.Go(func() { errs[i] = f() })
-			}
-			wg.Wait()
-			if errs[0] != nil || errs[1] != nil {
-				t.Fatalf("%s sent twice: %v, %v", what, errs[0], errs[1])
-			}
-		}
-		twice("acquire", func() error {
-			res, err := s.Acquire(ctx, "k", "o", "fp", time.Minute)
-			if err == nil && res.State != storage.Acquired {
-				return errors.New(res.State.String())
-			}
-			return err
-		})
-		twice("extend", func() error { return s.Extend(ctx, "k", "o", time.Minute) })
-		twice("complete", func() error { return s.Complete(ctx, "k", "o", []byte("r"), time.Minute) })
-		s.Acquire(ctx, "k2", "o", "fp", time.Minute)
-		twice("release", func() error { return s.Release(ctx, "k2", "o") })
-		if err := s.Issue(ctx, "i", time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		twice("acquire issued", func() error {
-			res, err := s.AcquireIssued(ctx, "i", "o", "fp", time.Minute)
-			if err == nil && res.State != storage.Acquired {
-				return errors.New(res.State.String())
-			}
-			return err
-		})
-		twice("release to issued", func() error { return s.Release(ctx, "i", "o") })
-		if err := s.Issue(ctx, "i", time.Minute); !errors.Is(err, storage.ErrExists) {
-			t.Fatalf("Issue after the release: %v, want ErrExists (issued again)", err)
-		}
-	})
-}
-
-// TestCompleteChecksTheOwnerOfADoneEntry: A's lease runs out while its
-// handler runs, B acquires the key, runs and completes it with record R;
-// A then completes with the very same R. That is a second execution, not
-// a resend: A gets ErrNotOwner and the entry is left as B wrote it. B's
-// resend of its Complete is still nil.
-func TestCompleteChecksTheOwnerOfADoneEntry(t *testing.T) {
-	each(t, func(t *testing.T, c rueidis.Client, mr *miniredis.Miniredis) {
-		ctx := t.Context()
-		p := prefix("owner")
-		s := rueidisstore.New(c, rueidisstore.WithPrefix(p))
-		if res, err := s.Acquire(ctx, "k", "A", "fp", 20*time.Millisecond); err != nil || res.State != storage.Acquired {
-			t.Fatalf("A acquires: %+v, %v", res, err)
-		}
-		// A's lease runs out.
-		if mr != nil {
-			mr.FastForward(21 * time.Millisecond)
-		} else {
-			time.Sleep(25 * time.Millisecond) // Redis's clock: nothing to wait on but time
-		}
-		if res, err := s.Acquire(ctx, "k", "B", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-			t.Fatalf("B acquires after A's lease ran out: %+v, %v", res, err)
-		}
-		rec := []byte("R: the same response")
-		if err := s.Complete(ctx, "k", "B", rec, time.Hour); err != nil {
-			t.Fatalf("B completes: %v", err)
-		}
-		before := get(t, c, p+"k")
-		if err := s.Complete(ctx, "k", "A", rec, 2*time.Hour); !errors.Is(err, storage.ErrNotOwner) {
-			t.Errorf("A completes with B's very record: %v, want ErrNotOwner (A ran a second time)", err)
-		}
-		if err := s.Complete(ctx, "k", "B", []byte("R2"), 2*time.Hour); !errors.Is(err, storage.ErrNotOwner) {
-			t.Errorf("B completes again with another record: %v, want ErrNotOwner", err)
-		}
-		if err := s.Complete(ctx, "k", "B", rec, 2*time.Hour); err != nil {
-			t.Errorf("B's resend: %v, want nil", err)
-		}
-		if after := get(t, c, p+"k"); after != before {
-			t.Errorf("entry changed from %q to %q", before, after)
-		}
-		if d := pttl(t, c, p+"k"); d > time.Hour {
-			t.Errorf("PTTL %v after the refused completes: the TTL was renewed", d)
-		}
-		if res, err := s.Acquire(ctx, "k", "C", "fp", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != string(rec) || res.Fingerprint != "fp" {
-			t.Errorf("acquire after: %+v, %v; want done with B's record", res, err)
-		}
-	})
-}
-
-// TestOldDoneEntry: a done entry in the layout of a release before the
-// owner was kept ('D', the fingerprint's length, the fingerprint, the
-// record) is replayed; Complete cannot prove that its owner wrote it, so
-// it answers ErrNotOwner even with the same record, and changes nothing.
-func TestOldDoneEntry(t *testing.T) {
-	each(t, func(t *testing.T, c rueidis.Client, _ *miniredis.Miniredis) {
-		ctx := t.Context()
-		p := prefix("old")
-		s := rueidisstore.New(c, rueidisstore.WithPrefix(p))
-		for _, tc := range []struct{ value, fp, rec string }{
-			{"D\x02fprecord", "fp", "record"},
-			{"D\x00", "", ""},
-			{"D\x00\x00\x01C\x05", "", "\x00\x01C\x05"}, // a record that looks like a new entry's tail
-		} {
-			do(t, c, "SET", p+"k", tc.value, "PX", "3600000")
-			res, err := s.Acquire(ctx, "k", "o", "x", time.Minute)
-			if err != nil || res.State != storage.Done || res.Fingerprint != tc.fp || string(res.Record) != tc.rec {
-				t.Errorf("acquire over %q: %+v, %v; want done, fingerprint %q, record %q", tc.value, res, err, tc.fp, tc.rec)
-			}
-			if err := s.Complete(ctx, "k", "o", []byte(tc.rec), time.Minute); !errors.Is(err, storage.ErrNotOwner) {
-				t.Errorf("complete with the same record over %q: %v, want ErrNotOwner", tc.value, err)
-			}
-			if err := s.Release(ctx, "k", "o"); !errors.Is(err, storage.ErrNotOwner) {
-				t.Errorf("release over %q: %v, want ErrNotOwner", tc.value, err)
-			}
-			if err := s.Issue(ctx, "k", time.Minute); !errors.Is(err, storage.ErrExists) {
-				t.Errorf("issue over %q: %v, want ErrExists", tc.value, err)
-			}
-			if got := get(t, c, p+"k"); got != tc.value {
-				t.Errorf("value %q changed to %q", tc.value, got)
-			}
-		}
-	})
 }
 
 // nilClient answers every script with a nil reply, which no script gives.
