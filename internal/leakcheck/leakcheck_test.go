@@ -12,9 +12,12 @@ type runFunc func() int
 func (f runFunc) Run() int { return f() }
 
 // TestNothingLeftWhileTestsRun: inside a test, the testing package's own
-// goroutines (the main one, blocked in (*T).Run) are not reported.
+// goroutines (the main one, blocked in (*T).Run) are not reported. It
+// waits as Main does: the main goroutine may still be runnable, on its way
+// to block in (*T).Run, when the test starts (Leaked(0) reported it in
+// 113 of 3,000 runs under -race, and once in CI).
 func TestNothingLeftWhileTestsRun(t *testing.T) {
-	if left := Leaked(0); len(left) != 0 {
+	if left := Leaked(time.Second); len(left) != 0 {
 		t.Fatalf("reported:\n%s", strings.Join(left, "\n\n"))
 	}
 }
