@@ -60,8 +60,8 @@
 // (such as "idem.store acquire"), with idem.store,
 // idem.store.operation and idem.storage_key. A failed call sets error.type
 // and the span's status to Error, with error.type as its description;
-// ErrNotOwner, ErrExists and ErrNotFound are answers of the store, not
-// failures, and leave the status unset.
+// ErrNotOwner, ErrExists, ErrNotFound and ErrChanged are answers of the
+// store, not failures, and leave the status unset.
 //
 // # What is never reported
 //

@@ -177,8 +177,15 @@ func TestStoreCalls(t *testing.T) {
 		{"lookup", "not_found", func() error { _, err := ins.Lookup(ctx, "k8", false); return err }},
 		{"list", "", func() error { _, err := ins.List(ctx, storage.Query{}); return err }},
 		{"list", "invalid", func() error { _, err := ins.List(ctx, storage.Query{State: storage.Acquired}); return err }},
-		{"remove", "", func() error { _, err := ins.Remove(ctx, "k1"); return err }},
-		{"remove", "not_found", func() error { _, err := ins.Remove(ctx, "k1"); return err }},
+		{"remove", "changed", func() error { _, err := ins.Remove(ctx, "k1", "not-its-version"); return err }},
+		{"remove", "", func() error {
+			e, err := ms.Lookup(ctx, "k1", false) // not counted: the store itself
+			if err == nil {
+				_, err = ins.Remove(ctx, "k1", e.Version)
+			}
+			return err
+		}},
+		{"remove", "not_found", func() error { _, err := ins.Remove(ctx, "k1", "any"); return err }},
 	}
 	want := make(map[string]uint64)
 	wantStatus := make(map[string]codes.Code)

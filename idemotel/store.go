@@ -53,6 +53,7 @@ const (
 	classInvalid
 	classExists
 	classNotFound
+	classChanged
 	classTimeout
 	classCanceled
 	classOther
@@ -61,7 +62,7 @@ const (
 
 var classNames = [numClasses]string{
 	classNotOwner: "not_owner", classFull: "full", classInvalid: "invalid", classExists: "exists",
-	classNotFound: "not_found", classTimeout: "timeout", classCanceled: "canceled", classOther: "other",
+	classNotFound: "not_found", classChanged: "changed", classTimeout: "timeout", classCanceled: "canceled", classOther: "other",
 }
 
 // classify returns the class of a store's error.
@@ -79,6 +80,8 @@ func classify(err error) errClass {
 		return classExists
 	case errors.Is(err, storage.ErrNotFound):
 		return classNotFound
+	case errors.Is(err, storage.ErrChanged):
+		return classChanged
 	case errors.Is(err, context.DeadlineExceeded):
 		return classTimeout
 	case errors.Is(err, context.Canceled):
@@ -88,10 +91,10 @@ func classify(err error) errClass {
 }
 
 // answer reports whether an error of class c is an answer of the store
-// (the entry is not this owner's, exists, or does not), which leaves a
-// span's status unset, rather than a failure.
+// (the entry is not this owner's, exists, does not, or changed), which
+// leaves a span's status unset, rather than a failure.
 func (c errClass) answer() bool {
-	return c == classNotOwner || c == classExists || c == classNotFound
+	return c == classNotOwner || c == classExists || c == classNotFound || c == classChanged
 }
 
 // storeKinds names the stores of this kit by their package, for
@@ -293,9 +296,9 @@ func (i inspecting) List(ctx context.Context, q storage.Query) (storage.Page, er
 }
 
 // Remove implements storage.Inspector.
-func (i inspecting) Remove(ctx context.Context, key string) (storage.Entry, error) {
+func (i inspecting) Remove(ctx context.Context, key, version string) (storage.Entry, error) {
 	ctx, span, begin := i.w.start(ctx, opRemove, key)
-	e, err := i.s.Remove(ctx, key)
+	e, err := i.s.Remove(ctx, key, version)
 	i.w.end(ctx, opRemove, span, begin, err)
 	return e, err
 }

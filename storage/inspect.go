@@ -11,6 +11,13 @@ import (
 // live entry under the key. Nothing was changed.
 var ErrNotFound = errors.New("storage: no entry")
 
+// ErrChanged means [Inspector.Remove] found an entry under the key, but
+// not the one it was asked to remove: its Version differs (it changed
+// state or owner since it was shown: an execution completed it, it was
+// released and acquired again, ...). Nothing was removed; Remove returns
+// the entry as it is now.
+var ErrChanged = errors.New("storage: entry changed")
+
 // Inspector is an optional interface of a [Store] that shows an operator
 // what it holds and removes an entry by hand: "why does this retry get
 // 409?", "which executions are stuck, and since when?", "forget this key,
@@ -50,14 +57,23 @@ type Inspector interface {
 	// cursor the store did not make, or a State outside those of [Entry].
 	List(ctx context.Context, q Query) (Page, error)
 
-	// Remove deletes the entry under key, whatever its state, and
-	// returns it as it was, without its record; an error wrapping
-	// ErrNotFound when there is none. The key is then free: the next
-	// Acquire runs the work (for a done or committed entry: again). An
-	// execution whose in-flight or committed entry was removed learns it
-	// when it completes (ErrNotOwner): its response then reaches its
-	// client, and is not stored. An issued key is spent.
-	Remove(ctx context.Context, key string) (Entry, error)
+	// Remove deletes the entry under key if it is still the one that
+	// Lookup or List showed with version (its [Entry.Version]), and
+	// returns it as it was, without its record. The check and the
+	// deletion are one atomic step, so an operator who saw an execution
+	// in flight never removes the done record its completion wrote
+	// meanwhile (a retry would then run the work again).
+	//
+	// When the entry under key has another version, Remove deletes
+	// nothing and returns the entry as it is now, without its record,
+	// with an error wrapping ErrChanged; when there is none, an error
+	// wrapping ErrNotFound; an empty version is ErrInvalid. Once removed,
+	// the key is free: the next Acquire runs the work (for a done or
+	// committed entry: again). An execution whose in-flight or committed
+	// entry was removed learns it when it completes (ErrNotOwner): its
+	// response then reaches its client, and is not stored. An issued key
+	// is spent.
+	Remove(ctx context.Context, key, version string) (Entry, error)
 }
 
 // Issued is the State of an [Entry] issued by [Issuer.Issue] and not yet
@@ -103,6 +119,15 @@ type Entry struct {
 	// Record is a done entry's record, from Lookup with withRecord only.
 	// It may share memory with the store: the caller must not modify it.
 	Record []byte
+
+	// Version names this incarnation of the entry, for [Inspector.Remove]:
+	// it changes whenever the entry changes state or owner (acquired,
+	// completed, released, fenced, issued, taken from an issue, removed
+	// and created again), and never when only its lease is renewed (an
+	// Extend, or an Acquire resent by its owner). It is opaque, short,
+	// printable ASCII without spaces, never empty, and reveals no owner
+	// token: an operator's tool may show it and send it back.
+	Version string
 }
 
 // Query selects the entries of a listing ([Inspector.List]).

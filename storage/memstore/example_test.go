@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -98,11 +99,22 @@ func ExampleStore_List() {
 	}
 	e, _ := i.Lookup(ctx, "done", false)
 	fmt.Printf("done: %s, %d bytes, expires in %v\n", e.State, e.Size, e.Expires.Sub(time.Unix(0, now.Load())))
-	removed, _ := i.Remove(ctx, "stuck")
-	res, _ := s.Acquire(ctx, "stuck", "owner-4", "fp", 10*time.Minute)
+
+	// Remove takes the version the listing showed: it removes the entry
+	// only if it is still that one (still in flight, under owner-1).
+	stuck := page.Entries[0]
+	_ = s.Complete(ctx, "stuck", "owner-1", []byte("late but done"), time.Hour)
+	_, err := i.Remove(ctx, "stuck", stuck.Version)
+	fmt.Println("completed meanwhile:", errors.Is(err, storage.ErrChanged))
+
+	_, _ = s.Acquire(ctx, "stuck-2", "owner-5", "fp", 10*time.Minute)
+	shown, _ := i.Lookup(ctx, "stuck-2", false)
+	removed, _ := i.Remove(ctx, "stuck-2", shown.Version)
+	res, _ := s.Acquire(ctx, "stuck-2", "owner-6", "fp", 10*time.Minute)
 	fmt.Println("removed:", removed.State, "then:", res.State)
 	// Output:
 	// stuck: in flight for 2m0s, lease left 8m0s
 	// done: done, 16 bytes, expires in 1h0m0s
+	// completed meanwhile: true
 	// removed: in flight then: acquired
 }

@@ -3,7 +3,9 @@ package memstore
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +28,22 @@ func (e *entry) view(now time.Time, withRecord bool) storage.Entry {
 	default:
 		v.State, v.LeaseLeft = storage.InFlight, e.expires.Sub(now)
 	}
+	v.Version = e.version(v.State)
 	return v
+}
+
+// version is the entry's storage.Entry.Version: a hash of its state, when
+// it entered it and its owner (the one holding it, or the one that
+// completed it), which change together with every transition but a
+// renewal. The owner is hashed, so the version does not reveal it.
+func (e *entry) version(state storage.State) string {
+	h := fnv.New64a()
+	var b [9]byte
+	b[0] = byte(state)
+	binary.BigEndian.PutUint64(b[1:], uint64(e.since.UnixNano()))
+	h.Write(b[:])
+	h.Write([]byte(e.owner))
+	return strconv.FormatUint(h.Sum64(), 36)
 }
 
 // Lookup implements [storage.Inspector.Lookup]. The context is not used.
@@ -109,8 +126,12 @@ func (c cursor) before(since time.Time, key string) bool {
 }
 
 // Remove implements [storage.Inspector.Remove]. The context is not used.
-// Errors wrap [storage.ErrNotFound].
-func (s *Store) Remove(_ context.Context, key string) (storage.Entry, error) {
+// Errors wrap [storage.ErrNotFound], [storage.ErrChanged] or
+// [storage.ErrInvalid].
+func (s *Store) Remove(_ context.Context, key, version string) (storage.Entry, error) {
+	if version == "" {
+		return storage.Entry{}, fmt.Errorf("memstore: remove: %w: no version", storage.ErrInvalid)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -118,6 +139,10 @@ func (s *Store) Remove(_ context.Context, key string) (storage.Entry, error) {
 	if e == nil {
 		return storage.Entry{}, fmt.Errorf("memstore: remove: %w", storage.ErrNotFound)
 	}
+	v := e.view(now, false)
+	if v.Version != version {
+		return v, fmt.Errorf("memstore: remove: %w: it is %v now", storage.ErrChanged, v.State)
+	}
 	s.remove(e)
-	return e.view(now, false), nil
+	return v, nil
 }

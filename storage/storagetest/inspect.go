@@ -3,6 +3,7 @@ package storagetest
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/storage"
@@ -156,6 +157,7 @@ var inspectorCases = []testCase{
 		}
 	}},
 	{"RemoveInFlight", func(s *suite) {
+		// The entry Lookup showed is the one removed.
 		k := s.key()
 		s.acquire(k, "o1", "fp", hour)
 		e := s.remove(k)
@@ -189,10 +191,122 @@ var inspectorCases = []testCase{
 	}},
 	{"RemoveMissing", func(s *suite) {
 		k := s.key()
-		_, err := s.inspector().Remove(s.ctx, k)
+		_, err := s.inspector().Remove(s.ctx, k, "some-version")
 		s.is(err, storage.ErrNotFound, "Remove of a missing key")
 		s.wantAcquired(s.acquire(k, "o1", "fp", minute))
 	}},
+	{"RemoveWithoutVersion", func(s *suite) {
+		k := s.key()
+		s.acquire(k, "o1", "fp", hour)
+		_, err := s.inspector().Remove(s.ctx, k, "")
+		s.is(err, storage.ErrInvalid, "Remove without a version")
+		s.wantInFlight(k, "fp")
+	}},
+	{"RemoveCompletedMeanwhile", func(s *suite) {
+		// The operator saw the execution in flight; it completed before
+		// the removal reached the store: the done record stays, or a
+		// retry would run the work a second time.
+		k := s.key()
+		s.acquire(k, "o1", "fp", hour)
+		shown := s.lookup(k, false)
+		s.complete(k, "o1", []byte("record"), hour)
+		s.wantChanged(k, shown, storage.Done)
+		s.wantDone(k, "fp", []byte("record"))
+		now := s.lookup(k, false)
+		if e, err := s.inspector().Remove(s.ctx, k, now.Version); err != nil || e.State != storage.Done {
+			s.t.Fatalf("Remove with the done entry's own version: %+v, %v; want it removed", e, err)
+		}
+	}},
+	{"RemoveReacquired", func(s *suite) {
+		// Shown in flight under o1, released, acquired by o2 (the same
+		// state, another execution): not the entry that was shown.
+		k := s.key()
+		s.acquire(k, "o1", "fp", hour)
+		shown := s.lookup(k, false)
+		if err := s.Store.Release(s.ctx, k, "o1"); err != nil {
+			s.t.Fatal(err)
+		}
+		s.wantAcquired(s.acquire(k, "o2", "fp", hour))
+		s.wantChanged(k, shown, storage.InFlight)
+		s.complete(k, "o2", []byte("r"), hour) // o2 still holds it
+	}},
+	{"RemoveTakenIssue", func(s *suite) {
+		k := s.key()
+		s.issue(k, hour)
+		shown := s.lookup(k, false)
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", minute))
+		s.wantChanged(k, shown, storage.InFlight)
+		s.complete(k, "o1", []byte("r"), hour)
+	}},
+	{"RemoveFencedMeanwhile", func(s *suite) {
+		s.needCommit()
+		k := s.key()
+		s.wantAcquired(s.acquire(k, "o1", "fp", minute))
+		shown := s.lookup(k, false)
+		if err := s.Commit(s.ctx, k, "o1", hour); err != nil {
+			s.t.Fatal(err)
+		}
+		s.wantChanged(k, shown, storage.Committed)
+	}},
+	{"VersionKeptByRenewal", func(s *suite) {
+		// A renewal changes nothing an operator decides on: the entry
+		// shown before it is still the one removed after it.
+		k := s.key()
+		s.acquire(k, "o1-a-long-owner-token", "fp", hour)
+		shown := s.lookup(k, false)
+		if shown.Version == "" || strings.ContainsAny(shown.Version, " \t\n") || strings.Contains(shown.Version, "o1-a-long-owner-token") {
+			s.t.Fatalf("Version %q: want a non-empty token without spaces that does not reveal the owner", shown.Version)
+		}
+		s.pass(time.Millisecond)
+		if err := s.Store.Extend(s.ctx, k, "o1-a-long-owner-token", 2*hour); err != nil {
+			s.t.Fatal(err)
+		}
+		s.wantAcquired(s.acquire(k, "o1-a-long-owner-token", "fp", hour)) // a resend
+		listed := s.listOwn(storage.Query{State: storage.InFlight}, map[string]storage.State{k: storage.InFlight})
+		if v := s.lookup(k, false).Version; v != shown.Version || listed[k].Version != shown.Version {
+			s.t.Fatalf("after a renewal: Lookup's version %q, List's %q; want %q still", v, listed[k].Version, shown.Version)
+		}
+		if e, err := s.inspector().Remove(s.ctx, k, shown.Version); err != nil || e.Version != shown.Version {
+			s.t.Fatalf("Remove with the version shown before a renewal: %+v, %v; want it removed", e, err)
+		}
+	}},
+	{"VersionsOfStates", func(s *suite) {
+		// Each transition makes a new version; two entries' versions
+		// never mix.
+		k, other := s.key(), s.key()
+		s.issue(k, hour)
+		seen := map[string]string{}
+		note := func(what string) {
+			s.t.Helper()
+			v := s.lookup(k, false).Version
+			if prev, ok := seen[v]; ok {
+				s.t.Fatalf("%s: version %q, the same as %s", what, v, prev)
+			}
+			seen[v] = what
+		}
+		note("issued")
+		s.wantAcquired(s.acquireIssued(k, "o1", "fp", minute))
+		note("taken by o1")
+		s.complete(k, "o1", []byte("r"), hour)
+		note("done")
+		s.acquire(other, "o1", "fp", minute)
+		s.wantChanged(other, s.lookup(k, false), storage.InFlight)
+	}},
+}
+
+// wantChanged checks that Remove of key with the version of shown answers
+// ErrChanged with the entry as it is now, in state now, and removes
+// nothing.
+func (s *suite) wantChanged(key string, shown storage.Entry, now storage.State) {
+	s.t.Helper()
+	e, err := s.inspector().Remove(s.ctx, key, shown.Version)
+	s.is(err, storage.ErrChanged, fmt.Sprintf("Remove of an entry shown %v, now %v", shown.State, now))
+	if e.Key != key || e.State != now || e.Version == shown.Version || e.Record != nil {
+		s.t.Fatalf("Remove of a changed entry answered %+v, want the entry as it is now (%v, a new version)", e, now)
+	}
+	if got := s.lookup(key, false); got.State != now || got.Version != e.Version {
+		s.t.Fatalf("after a refused Remove the entry is %+v, want it unchanged (%v, version %q)", got, now, e.Version)
+	}
 }
 
 // inspector returns the store as a storage.Inspector, skipping the test
@@ -216,9 +330,13 @@ func (s *suite) lookup(key string, withRecord bool) storage.Entry {
 
 func (s *suite) remove(key string) storage.Entry {
 	s.t.Helper()
-	e, err := s.inspector().Remove(s.ctx, key)
+	shown := s.lookup(key, false)
+	e, err := s.inspector().Remove(s.ctx, key, shown.Version)
 	if err != nil {
-		s.t.Fatalf("Remove(%q): %v", key, err)
+		s.t.Fatalf("Remove(%q, %q): %v", key, shown.Version, err)
+	}
+	if e.Version != shown.Version {
+		s.t.Fatalf("Remove(%q, %q) answered version %q", key, shown.Version, e.Version)
 	}
 	if _, err := s.inspector().Lookup(s.ctx, key, false); !errors.Is(err, storage.ErrNotFound) {
 		s.t.Fatalf("Lookup after Remove(%q): %v, want ErrNotFound", key, err)
