@@ -35,6 +35,17 @@ func ParseKey(v string) (string, error) {
 	return key, nil
 }
 
+// CheckKey returns nil when key, taken as it stands (not unquoted), is 1
+// to 255 bytes of printable ASCII: the keys [Middleware.Do] and a [WithKey]
+// source accept. A key header is read by [ParseKey] instead, which also
+// accepts the RFC 8941 form. The error wraps ErrInvalidKey.
+func CheckKey(key string) error {
+	if err := checkBareKey(key); err != nil {
+		return &keyError{err}
+	}
+	return nil
+}
+
 type keyError struct{ reason error }
 
 func (e *keyError) Error() string   { return "idem: " + ErrInvalidKey.Error() + ": " + e.reason.Error() }

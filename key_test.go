@@ -77,6 +77,21 @@ func FuzzParseKey(f *testing.F) {
 	})
 }
 
+// TestCheckKey: CheckKey takes a key as it stands, as Do does: quotes are
+// part of it; a bad key wraps ErrInvalidKey.
+func TestCheckKey(t *testing.T) {
+	for _, k := range []string{"abc", `"abc"`, `a"b\c`, strings.Repeat("k", 255), " "} {
+		if err := CheckKey(k); err != nil {
+			t.Errorf("CheckKey(%q): %v", k, err)
+		}
+	}
+	for _, k := range []string{"", strings.Repeat("k", 256), "a\x01", "ordér", "tab\t"} {
+		if err := CheckKey(k); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("CheckKey(%q): %v, want ErrInvalidKey", k, err)
+		}
+	}
+}
+
 func TestStorageKeySeparatesFields(t *testing.T) {
 	seen := map[string][4]string{}
 	for _, f := range [][4]string{
