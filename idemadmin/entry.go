@@ -2,7 +2,9 @@
 // removes an entry by hand: the JSON view of an entry that cmd/idemctl
 // prints and [Handler] serves, and that handler, an http.Handler to mount
 // behind the application's own authentication. Nothing is mounted by
-// default, and the handler removes nothing unless [WithRemove] says so.
+// default, and the handler removes nothing unless [WithRemove] says so;
+// then it removes an entry only if it has not changed since the operator
+// saw it (its [Entry.Version]).
 //
 // It works on any store that implements storage.Inspector: every store
 // of this module does (memstore, redisstore, pgstore).
@@ -10,11 +12,16 @@ package idemadmin
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/httprec"
 	"github.com/idemkit/idem/storage"
@@ -48,6 +55,10 @@ type Entry struct {
 	Size int `json:"size,omitempty"`
 	// Response is a done entry's stored response; set by [Lookup] only.
 	Response *Response `json:"response,omitempty"`
+	// Version names this incarnation of the entry (storage.Entry's):
+	// DELETE /entry and idemctl rm send it back, and the entry is removed
+	// only if it has not changed since it was shown.
+	Version string `json:"version"`
 }
 
 // Response is a stored response.
@@ -66,7 +77,95 @@ type Response struct {
 	// the body: only when asked for (withBody).
 	Header  http.Header `json:"header,omitempty"`
 	Trailer http.Header `json:"trailer,omitempty"`
-	Body    []byte      `json:"body,omitempty"`
+	// Body is the body. In JSON (see [Response.MarshalJSON]) it is the
+	// string "body", with "body_encoding" saying how to read it.
+	Body []byte `json:"-"`
+}
+
+// Body encodings: [Response.BodyEncoding]'s words.
+const (
+	BodyText   = "text"
+	BodyBase64 = "base64"
+)
+
+// BodyEncoding says how the JSON of r holds its body: BodyText, the body
+// as it is, when it is valid UTF-8 and its ContentType is textual (text/*,
+// JSON, XML, JavaScript, a form) or empty (Middleware.Do's results have
+// none); BodyBase64, in standard base64 with padding, otherwise. "" when
+// r has no body.
+func (r Response) BodyEncoding() string {
+	switch {
+	case len(r.Body) == 0:
+		return ""
+	case utf8.Valid(r.Body) && textual(r.ContentType):
+		return BodyText
+	}
+	return BodyBase64
+}
+
+// textual reports whether a body of the content type ct is text.
+func textual(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	switch mt {
+	case "application/json", "application/xml", "application/javascript", "application/x-www-form-urlencoded", "application/x-ndjson":
+		return true
+	}
+	return strings.HasPrefix(mt, "text/") || strings.HasSuffix(mt, "+json") || strings.HasSuffix(mt, "+xml")
+}
+
+// MarshalJSON writes r as an object with the fields of its JSON tags, and
+// its body (when it has one) as the string "body", with "body_encoding"
+// "text" or "base64" ([Response.BodyEncoding]): a JSON response shows as
+// the text it is, a binary one survives.
+func (r Response) MarshalJSON() ([]byte, error) {
+	type plain Response
+	out := struct {
+		plain
+		Body         string `json:"body,omitempty"`
+		BodyEncoding string `json:"body_encoding,omitempty"`
+	}{plain: plain(r), BodyEncoding: r.BodyEncoding()}
+	switch out.BodyEncoding {
+	case BodyText:
+		out.Body = string(r.Body)
+	case BodyBase64:
+		out.Body = base64.StdEncoding.EncodeToString(r.Body)
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *Response) UnmarshalJSON(b []byte) error {
+	type plain Response
+	var in struct {
+		plain
+		Body         string `json:"body"`
+		BodyEncoding string `json:"body_encoding"`
+	}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*r = Response(in.plain)
+	switch in.BodyEncoding {
+	case BodyText, "":
+		if in.Body != "" {
+			r.Body = []byte(in.Body)
+		}
+	case BodyBase64:
+		body, err := base64.StdEncoding.DecodeString(in.Body)
+		if err != nil {
+			return fmt.Errorf("idemadmin: body: %w", err)
+		}
+		r.Body = body
+	default:
+		return fmt.Errorf("idemadmin: body_encoding %q: want text or base64", in.BodyEncoding)
+	}
+	return nil
 }
 
 // ErrCorrupt is wrapped by the error of [Lookup] when a done entry's
@@ -84,6 +183,7 @@ func View(e storage.Entry, now time.Time) Entry {
 		LeaseLeftMS: e.LeaseLeft.Milliseconds(),
 		Expires:     e.Expires,
 		Size:        e.Size,
+		Version:     e.Version,
 	}
 	if !e.Since.IsZero() {
 		since := e.Since

@@ -3,8 +3,10 @@ package idemadmin
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -21,8 +23,16 @@ type config struct {
 
 // WithRemove lets the handler remove entries (DELETE /entry), and calls
 // onRemove (when not nil) after each removal, with the request and the
-// entry as it was: the place to log or audit who removed what. Without
-// it, DELETE /entry answers 405.
+// entry as it was: the place to log or audit who removed what. A DELETE
+// that removed nothing (the entry changed since it was shown, or is gone)
+// is not reported. Without WithRemove, DELETE /entry answers 405.
+//
+// A DELETE removes the entry only if it is still the one the operator
+// saw: it takes version=, the entry's version as GET /entry or
+// GET /entries shows it, and the store checks it and removes the entry in
+// one step (storage.Inspector.Remove). An operator who saw an execution
+// stuck in flight never removes the done record that its completion
+// wrote meanwhile, which would make a retry run the work again.
 func WithRemove(onRemove func(r *http.Request, removed Entry)) Option {
 	return func(c *config) { c.remove, c.onRemove = true, onRemove }
 }
@@ -40,7 +50,8 @@ func WithRemove(onRemove func(r *http.Request, removed Entry)) Option {
 //	                 cursor= (a page's next), limit= (default 100, at most 1000)
 //	GET    /entry    one entry ([Entry]), its response's status, content type and size when done;
 //	                 body=true adds its headers and body
-//	DELETE /entry    removes the entry and answers it as it was (only WithRemove)
+//	DELETE /entry    version= (the entry's version, as GET shows it): removes the entry if it
+//	                 is still that version, and answers it as it was (only WithRemove)
 //	GET    /stats    the entries by state, and the oldest in flight ([Stats]): reads every entry
 //
 // /entry names the entry by its storage key (key=), or as the middleware
@@ -51,8 +62,19 @@ func WithRemove(onRemove func(r *http.Request, removed Entry)) Option {
 // middleware's scope function returns (by default the client's
 // Authorization header, whole).
 //
-// Errors are RFC 9457 problems: 400 for a bad parameter, 404 when there is
-// no such entry, 405 for DELETE without WithRemove, 502 when the store
+// client_key= and issued_key= are read as the middleware reads the key
+// header (idem.ParseKey): the RFC 8941 form "order-42" names the same
+// entry as order-42, and a key the middleware refuses is a 400 here (see
+// [KeyFromQuery]).
+//
+// A done entry's body (body=true) is a string in the JSON, as text or in
+// base64, which "body_encoding" says ([Response.MarshalJSON]).
+//
+// Errors are RFC 9457 problems: 400 for a bad parameter (a client key the
+// middleware refuses, a DELETE without version=), 404 when there is no
+// such entry, 405 for DELETE without WithRemove, 409 for a DELETE of an
+// entry that changed since it was shown (nothing is removed; the member
+// "entry" holds it as it is now, with its version), 502 when the store
 // failed (its error in the detail: the handler is for operators).
 func Handler(store storage.Inspector, opts ...Option) http.Handler {
 	var c config
@@ -139,7 +161,16 @@ func (h *handler) remove(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	e, err := h.store.Remove(r.Context(), key)
+	version := r.URL.Query().Get("version")
+	if version == "" {
+		fail(w, r, http.StatusBadRequest, "DELETE /entry takes version=, the entry's version as GET /entry shows it: the entry is removed only if it has not changed since.")
+		return
+	}
+	e, err := h.store.Remove(r.Context(), key, version)
+	if errors.Is(err, storage.ErrChanged) {
+		changed(w, View(e, time.Now()))
+		return
+	}
 	if err != nil {
 		h.storeError(w, r, err)
 		return
@@ -160,11 +191,30 @@ func (h *handler) stats(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s)
 }
 
+// changed answers 409: the entry is not the one the operator saw; e is
+// the entry as it is now.
+func changed(w http.ResponseWriter, e Entry) {
+	detail := "The entry changed since it was shown: it is " + e.State + " now (version " + e.Version + "). Nothing was removed. " +
+		"The entry as it is now is in \"entry\": to remove it still, send its version."
+	writeJSONAs(w, http.StatusConflict, "application/problem+json", struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+		Entry  Entry  `json:"entry"`
+	}{"about:blank", http.StatusText(http.StatusConflict), http.StatusConflict, detail, e})
+}
+
 // entryKey returns the storage key that the request's query names, or
 // answers 400 and returns false.
 func entryKey(w http.ResponseWriter, r *http.Request) (string, bool) {
 	key, err := KeyFromQuery(r.URL.Query())
-	if err != nil {
+	switch {
+	case errors.Is(err, idem.ErrInvalidKey):
+		detail := strings.Replace(strings.TrimPrefix(err.Error(), "idemadmin: "), "idem: ", "", 1)
+		fail(w, r, http.StatusBadRequest, detail+" (the middleware answers 400 to such a key: no entry has it).")
+		return "", false
+	case err != nil:
 		fail(w, r, http.StatusBadRequest, "Name the entry by key= (its storage key), client_key= with scope=, method= and route=, client_key= with op=, or issued_key= with scope=.")
 		return "", false
 	}
@@ -177,6 +227,16 @@ var errNoKey = errors.New("idemadmin: name the entry by key= (its storage key), 
 // KeyFromQuery returns the storage key that q names, as [Handler]'s
 // /entry takes it: key=, or client_key= with scope=, method= and route=,
 // or client_key= with op=, or issued_key= with scope=.
+//
+// key= is a storage key, taken as it stands. client_key= (with method=
+// and route=) and issued_key= are read as the middleware reads its key
+// header, by idem.ParseKey: "order-42" in RFC 8941 quotes (with \" and \\
+// escapes) names the same entry as order-42. client_key= with op= is taken
+// as it stands, as Middleware.Do takes its key (idem.CheckKey). A client
+// key that the middleware (or Do) refuses is an error wrapping
+// idem.ErrInvalidKey. (A middleware WithKey takes its keys as they stand,
+// too: the entry of such a key that starts with a double quote is named by
+// its storage key.)
 func KeyFromQuery(q map[string][]string) (string, error) {
 	get := func(name string) string {
 		if v := q[name]; len(v) > 0 {
@@ -190,11 +250,22 @@ func KeyFromQuery(q map[string][]string) (string, error) {
 	case key != "" && client == "" && issued == "":
 		return key, nil
 	case client != "" && op != "" && key == "" && issued == "":
+		if err := idem.CheckKey(client); err != nil {
+			return "", fmt.Errorf("idemadmin: client_key: %w", err)
+		}
 		return idem.OperationStorageKey(scope, op, client), nil
 	case client != "" && method != "" && route != "" && key == "" && issued == "":
-		return idem.StorageKey(scope, method, route, client), nil
+		k, err := idem.ParseKey(client)
+		if err != nil {
+			return "", fmt.Errorf("idemadmin: client_key: %w", err)
+		}
+		return idem.StorageKey(scope, method, route, k), nil
 	case issued != "" && key == "" && client == "":
-		return idem.IssuedStorageKey(scope, issued), nil
+		k, err := idem.ParseKey(issued)
+		if err != nil {
+			return "", fmt.Errorf("idemadmin: issued_key: %w", err)
+		}
+		return idem.IssuedStorageKey(scope, k), nil
 	}
 	return "", errNoKey
 }
@@ -220,12 +291,16 @@ func fail(w http.ResponseWriter, r *http.Request, status int, detail string) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	writeJSONAs(w, status, "application/json", v)
+}
+
+func writeJSONAs(w http.ResponseWriter, status int, contentType string, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	w.Write(append(body, '\n'))

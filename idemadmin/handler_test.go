@@ -3,6 +3,7 @@ package idemadmin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -242,12 +243,13 @@ func TestEntries(t *testing.T) {
 }
 
 // TestRemove: without WithRemove, DELETE /entry answers 405 and removes
-// nothing; with it, it removes the entry, reports it to the hook, and the
-// next request with the key runs the handler again.
+// nothing; with it, it takes the version GET /entry shows, removes the
+// entry, reports it to the hook, and the next request with the key runs
+// the handler again.
 func TestRemove(t *testing.T) {
 	s, admin := newShop(t)
 	s.order("order-1", "")
-	if code, h, body := call(t, admin, "DELETE", clientKey("order-1"), nil); code != http.StatusMethodNotAllowed || h.Get("Content-Type") != "application/problem+json" {
+	if code, h, body := call(t, admin, "DELETE", clientKey("order-1")+"&version=x", nil); code != http.StatusMethodNotAllowed || h.Get("Content-Type") != "application/problem+json" {
 		t.Fatalf("DELETE without WithRemove: %d %s, want a 405 problem", code, body)
 	}
 	if w := s.order("order-1", ""); w.Header().Get("Idempotent-Replayed") != "true" || s.runs.Load() != 1 {
@@ -257,8 +259,16 @@ func TestRemove(t *testing.T) {
 	reported := make(chan idemadmin.Entry, 4)
 	s2, admin2 := newShop(t, idemadmin.WithRemove(func(r *http.Request, e idemadmin.Entry) { reported <- e }))
 	s2.order("order-1", "")
+	var shown idemadmin.Entry
+	call(t, admin2, "GET", clientKey("order-1"), &shown)
+	if shown.Version == "" {
+		t.Fatalf("GET /entry shows no version: %+v", shown)
+	}
+	if code, h, body := call(t, admin2, "DELETE", clientKey("order-1"), nil); code != http.StatusBadRequest || h.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, "version=") {
+		t.Errorf("DELETE without version=: %d %s, want a 400 problem naming version=", code, body)
+	}
 	var e idemadmin.Entry
-	if code, _, body := call(t, admin2, "DELETE", clientKey("order-1"), &e); code != http.StatusOK || e.State != "done" {
+	if code, _, body := call(t, admin2, "DELETE", clientKey("order-1")+"&version="+url.QueryEscape(shown.Version), &e); code != http.StatusOK || e.State != "done" || e.Version != shown.Version {
 		t.Fatalf("DELETE: %d %s, want the done entry", code, body)
 	}
 	if len(reported) != 1 || (<-reported).Key != e.Key {
@@ -270,7 +280,163 @@ func TestRemove(t *testing.T) {
 	if w := s2.order("order-1", ""); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" || s2.runs.Load() != 2 {
 		t.Errorf("the key after its removal: %d, replayed %q, %d runs; want it run again", w.Code, w.Header().Get("Idempotent-Replayed"), s2.runs.Load())
 	}
-	if code, _, _ := call(t, admin2, "DELETE", clientKey("order-9"), nil); code != http.StatusNotFound {
+	if code, _, _ := call(t, admin2, "DELETE", clientKey("order-9")+"&version=x", nil); code != http.StatusNotFound {
 		t.Errorf("DELETE of a missing key: %d, want 404", code)
+	}
+}
+
+// TestRemoveChanged: DELETE /entry removes only the entry that was shown.
+// An operator sees an execution in flight; it completes before the DELETE
+// arrives: the DELETE removes nothing and answers 409 with the entry as it
+// is now, and a retry replays the stored response instead of running the
+// handler a second time.
+func TestRemoveChanged(t *testing.T) {
+	reported := make(chan idemadmin.Entry, 4)
+	s, admin := newShop(t, idemadmin.WithRemove(func(r *http.Request, e idemadmin.Entry) { reported <- e }))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- s.order("order-1", "?hold=1") }()
+	<-s.held
+	var shown idemadmin.Entry
+	call(t, admin, "GET", clientKey("order-1"), &shown)
+	if shown.State != "in_flight" || shown.Version == "" {
+		t.Fatalf("the entry shown: %+v, want in flight with a version", shown)
+	}
+	close(s.hold)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("the held order: %d", w.Code)
+	}
+
+	code, h, body := call(t, admin, "DELETE", clientKey("order-1")+"&version="+url.QueryEscape(shown.Version), nil)
+	var problem struct {
+		Status int             `json:"status"`
+		Detail string          `json:"detail"`
+		Entry  idemadmin.Entry `json:"entry"`
+	}
+	if err := json.Unmarshal([]byte(body), &problem); err != nil {
+		t.Fatalf("DELETE of a changed entry: %d %s: %v", code, body, err)
+	}
+	if code != http.StatusConflict || h.Get("Content-Type") != "application/problem+json" || problem.Status != http.StatusConflict ||
+		problem.Entry.State != "done" || problem.Entry.Key != shown.Key || problem.Entry.Version == shown.Version || problem.Entry.Version == "" ||
+		!strings.Contains(problem.Detail, "changed") {
+		t.Errorf("DELETE of an entry that completed since it was shown: %d %s, want a 409 problem with the done entry", code, body)
+	}
+	if len(reported) != 0 {
+		t.Errorf("a removal was reported: %+v", <-reported)
+	}
+	if w := s.order("order-1", "?hold=1"); w.Header().Get("Idempotent-Replayed") != "true" || s.runs.Load() != 1 {
+		t.Errorf("a retry after the refused DELETE: replayed %q, %d runs; want the replay, the handler run once", w.Header().Get("Idempotent-Replayed"), s.runs.Load())
+	}
+	// The entry as it is now, with its version, can be removed.
+	var e idemadmin.Entry
+	if code, _, body := call(t, admin, "DELETE", clientKey("order-1")+"&version="+url.QueryEscape(problem.Entry.Version), &e); code != http.StatusOK || e.State != "done" {
+		t.Errorf("DELETE with the version of the 409: %d %s", code, body)
+	}
+}
+
+// TestClientKeys: client_key= and issued_key= are read as the middleware
+// reads the key header (idem.ParseKey): the RFC 8941 form a client sends
+// names the same entry as the bare key, and a key the middleware refuses
+// with 400 is a 400 here too, naming the problem, not "no such entry".
+// op= takes the key as Middleware.Do does: as it stands.
+func TestClientKeys(t *testing.T) {
+	s, admin := newShop(t)
+	s.order(`"order-x"`, "")
+	s.order(`a"b\c`, "")
+	want := idem.StorageKey("Bearer alice", "POST", "POST /orders", "order-x")
+	for _, k := range []string{"order-x", `"order-x"`} {
+		var e idemadmin.Entry
+		if code, _, body := call(t, admin, "GET", clientKey(k), &e); code != http.StatusOK || e.Key != want {
+			t.Errorf("client_key=%s: %d %s, want order-x's entry %s", k, code, body, want)
+		}
+	}
+	var e idemadmin.Entry
+	if code, _, body := call(t, admin, "GET", clientKey(`"a\"b\\c"`), &e); code != http.StatusOK || e.Key != idem.StorageKey("Bearer alice", "POST", "POST /orders", `a"b\c`) {
+		t.Errorf(`client_key="a\"b\\c": %d %s, want the entry of a"b\c`, code, body)
+	}
+
+	bad := map[string]string{
+		"256 bytes":         strings.Repeat("k", 256),
+		"a control char":    "order\x01",
+		"non-ASCII":         "ordér",
+		"a malformed quote": `"order`,
+		"empty quotes":      `""`,
+	}
+	for name, k := range bad {
+		for _, path := range []string{
+			clientKey(k),
+			"/entry?" + url.Values{"issued_key": {k}, "scope": {"Bearer alice"}}.Encode(),
+		} {
+			code, h, body := call(t, admin, "GET", path, nil)
+			if code != http.StatusBadRequest || h.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, "idempotency key invalid: the key") {
+				t.Errorf("%s: GET %s: %d %s, want a 400 problem naming the key's problem", name, path, code, body)
+			}
+		}
+	}
+	if _, err := idemadmin.KeyFromQuery(url.Values{"client_key": {"ordér"}, "method": {"POST"}, "route": {"POST /orders"}}); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("KeyFromQuery of a non-ASCII key: %v, want ErrInvalidKey", err)
+	}
+	if _, err := idemadmin.KeyFromQuery(url.Values{"key": {"anything at all"}}); err != nil {
+		t.Errorf("KeyFromQuery of a storage key: %v, want it as it stands", err)
+	}
+
+	// Do takes its key as it stands: "q" with its quotes is a key of its own.
+	if _, err := s.m.Do(context.Background(), "payments", `"q"`, func(context.Context) ([]byte, error) { return []byte("quoted"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	var do idemadmin.Entry
+	if code, _, body := call(t, admin, "GET", "/entry?"+url.Values{"op": {"payments"}, "client_key": {`"q"`}}.Encode(), &do); code != http.StatusOK || do.Key != idem.OperationStorageKey("", "payments", `"q"`) {
+		t.Errorf(`op=payments&client_key="q": %d %s, want Do's entry of "q"`, code, body)
+	}
+	if code, _, body := call(t, admin, "GET", "/entry?"+url.Values{"op": {"payments"}, "client_key": {strings.Repeat("k", 256)}}.Encode(), nil); code != http.StatusBadRequest || !strings.Contains(body, "longer than 255") {
+		t.Errorf("op= with a 256-byte key: %d %s, want 400", code, body)
+	}
+}
+
+// TestBody: a stored body is text in JSON when it is UTF-8 of a textual
+// type (or of none, as Do's results), base64 otherwise, and says which in
+// body_encoding; the JSON decodes back to the same bytes.
+func TestBody(t *testing.T) {
+	for _, c := range []struct {
+		contentType string
+		body        []byte
+		enc, json   string
+	}{
+		{"application/json", []byte(`{"order":1}`), "text", `"{\"order\":1}"`},
+		{"text/plain; charset=utf-8", []byte("héllo\n"), "text", `"héllo\n"`},
+		{"application/problem+json", []byte(`{}`), "text", `"{}"`},
+		{"", []byte("credited"), "text", `"credited"`},
+		{"image/png", []byte("\x89PNG"), "base64", `"iVBORw=="`},
+		{"application/octet-stream", []byte("plain"), "base64", `"cGxhaW4="`},
+		{"text/plain", []byte("\xff\xfe"), "base64", `"//4="`},
+	} {
+		r := idemadmin.Response{Status: 200, ContentType: c.contentType, BodySize: len(c.body), Body: c.body}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		json.Unmarshal(b, &m)
+		if r.BodyEncoding() != c.enc || string(m["body_encoding"]) != `"`+c.enc+`"` || string(m["body"]) != c.json {
+			t.Errorf("%s %q: %s, want body %s as %s", c.contentType, c.body, b, c.json, c.enc)
+		}
+		var back idemadmin.Response
+		if err := json.Unmarshal(b, &back); err != nil || string(back.Body) != string(c.body) || back.ContentType != c.contentType || back.Status != 200 {
+			t.Errorf("%s decoded: %+v, %v", b, back, err)
+		}
+	}
+	b, _ := json.Marshal(idemadmin.Response{Status: 201, BodySize: 3})
+	if strings.Contains(string(b), "body\"") || strings.Contains(string(b), "body_encoding") {
+		t.Errorf("a response without its body: %s, want neither body nor body_encoding", b)
+	}
+	var bad idemadmin.Response
+	if err := json.Unmarshal([]byte(`{"body":"x","body_encoding":"rot13"}`), &bad); err == nil {
+		t.Errorf("an unknown body_encoding decoded: %+v", bad)
+	}
+
+	s, admin := newShop(t)
+	s.order("order-1", "")
+	_, _, body := call(t, admin, "GET", clientKey("order-1")+"&body=1", nil)
+	if !strings.Contains(body, `"body":"{\"order\":1}"`) || !strings.Contains(body, `"body_encoding":"text"`) {
+		t.Errorf("GET /entry?body=1 of a JSON response: %s, want its body as text", body)
 	}
 }
