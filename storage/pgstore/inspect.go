@@ -14,32 +14,45 @@ import (
 )
 
 // The inspection statements answer rows of entryColumns: key, state,
-// fingerprint, since, expires, held_until, the record's size, the record
-// when asked, and the database's clock. A plain SELECT locks nothing and
-// waits for nothing: it reads a row that a Fence's transaction holds as
-// it was before (processing, or committed by an earlier transaction).
+// fingerprint, since, expires, held_until, the record's size, the
+// database's clock, the version, and the record when asked. A plain
+// SELECT locks nothing and waits for nothing: it reads a row that a
+// Fence's transaction holds as it was before (processing, or committed by
+// an earlier transaction).
 const entryColumns = `e.key, e.state, e.fingerprint, e.since, e.expires, e.held_until,
-  coalesce(octet_length(e.record), 0), clock_timestamp()`
+  coalesce(octet_length(e.record), 0), clock_timestamp(), ` + versionSQL
+
+// versionSQL is the row's storage.Entry.Version: the first 8 bytes, in
+// hex, of the SHA-256 of its state, since (in microseconds) and owner,
+// which change together with every transition but a renewal (Extend, or
+// an Acquire resent by the owner, keep them), and which hide the owner.
+const versionSQL = `encode(substr(sha256(convert_to(e.state || ':' ||
+  coalesce(floor(extract(epoch FROM e.since) * 1000000)::bigint::text, '') || ':', 'UTF8') || e.owner), 1, 8), 'hex')`
 
 // lookupSQL: $2 true for the record.
 const lookupSQL = `SELECT ` + entryColumns + `, CASE WHEN $2::boolean THEN e.record END
 FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp()`
 
-// removeSQL deletes the key's live row and answers it, with true; or,
-// when the probe lk finds the row locked (a Fence's transaction is open,
-// or, for a few microseconds, another statement of the store holds it),
-// answers it unchanged, with false: ErrLocked. lk locks FOR UPDATE, as
-// DELETE would, but skips a locked row instead of waiting.
+// removeSQL deletes the key's live row if its version is $2, and answers
+// it, with 'removed'. Otherwise it answers the row unchanged: with
+// 'locked' when the probe lk finds it locked (a Fence's transaction is
+// open, or, for a few microseconds, another statement of the store holds
+// it): ErrLocked; with 'changed' when its version is another:
+// ErrChanged. lk locks FOR UPDATE, as DELETE would, but skips a locked
+// row instead of waiting; DELETE compares the version on the row as it
+// is once locked (a row changed since the statement's snapshot is
+// re-read), so the comparison and the deletion are one step.
 const removeSQL = `WITH lk AS (
   SELECT e.key FROM {table} e WHERE e.key = $1 FOR UPDATE SKIP LOCKED
 ), del AS (
   DELETE FROM {table} e WHERE e.key = $1 AND e.expires > clock_timestamp() AND EXISTS (SELECT FROM lk)
+    AND ` + versionSQL + ` = $2::text
   RETURNING ` + entryColumns + `
 )
-SELECT *, true FROM del
+SELECT *, 'removed' FROM del
 UNION ALL
-SELECT ` + entryColumns + `, false FROM {table} e
-WHERE e.key = $1 AND e.expires > clock_timestamp() AND NOT EXISTS (SELECT FROM lk)`
+SELECT ` + entryColumns + `, CASE WHEN EXISTS (SELECT FROM lk) THEN 'changed' ELSE 'locked' END FROM {table} e
+WHERE e.key = $1 AND e.expires > clock_timestamp() AND NOT EXISTS (SELECT FROM del)`
 
 // listStateSQL: $1 state, $2 MinAge in ms (0: any), $3 and $4 the cursor
 // (the since of the last row scanned, NULL for none, and its key), $5 the
@@ -86,20 +99,25 @@ func (s *Store) Lookup(ctx context.Context, key string, withRecord bool) (storag
 	return e.entry(withRecord)
 }
 
-// Remove implements [storage.Inspector.Remove]: one statement. It does not
-// wait for a transaction that holds the row: while one that fenced the
-// entry is open, it answers an error wrapping [ErrLocked] at once, having
-// changed nothing; try again. Errors wrap [storage.ErrNotFound] or
-// [ErrLocked], or say that the database could not be reached or failed.
-func (s *Store) Remove(ctx context.Context, key string) (storage.Entry, error) {
-	rows, err := s.pool.Query(ctx, s.sql.remove, bytes(key))
+// Remove implements [storage.Inspector.Remove]: one statement, which
+// compares the version and deletes. It does not wait for a transaction
+// that holds the row: while one that fenced the entry is open, it answers
+// an error wrapping [ErrLocked] at once, having changed nothing; try
+// again. Errors wrap [storage.ErrNotFound], [storage.ErrChanged] (with
+// the entry as it is), [storage.ErrInvalid] or [ErrLocked], or say that
+// the database could not be reached or failed.
+func (s *Store) Remove(ctx context.Context, key, version string) (storage.Entry, error) {
+	if version == "" {
+		return storage.Entry{}, fmt.Errorf("pgstore: remove: %w: no version", storage.ErrInvalid)
+	}
+	rows, err := s.pool.Query(ctx, s.sql.remove, bytes(key), version)
 	if err != nil {
 		return storage.Entry{}, fmt.Errorf("pgstore: remove: %w", err)
 	}
-	var removed bool
-	e, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (entryRow, error) {
+	var outcome string
+	row, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (entryRow, error) {
 		var e entryRow
-		err := r.Scan(append(e.dest(), &removed)...)
+		err := r.Scan(append(e.dest(), &outcome)...)
 		return e, err
 	})
 	switch {
@@ -107,10 +125,14 @@ func (s *Store) Remove(ctx context.Context, key string) (storage.Entry, error) {
 		return storage.Entry{}, fmt.Errorf("pgstore: remove: %w", storage.ErrNotFound)
 	case err != nil:
 		return storage.Entry{}, fmt.Errorf("pgstore: remove: %w", err)
-	case !removed:
+	case outcome == "locked":
 		return storage.Entry{}, fmt.Errorf("pgstore: remove: %w", ErrLocked)
 	}
-	return e.entry(false)
+	e, err := row.entry(false)
+	if err == nil && outcome == "changed" {
+		err = fmt.Errorf("pgstore: remove: %w: it is %v now", storage.ErrChanged, e.State)
+	}
+	return e, err
 }
 
 // List implements [storage.Inspector.List]: one statement, which locks
@@ -238,18 +260,19 @@ type entryRow struct {
 	since, heldUntil *time.Time
 	expires, now     time.Time
 	size             int64
+	version          string
 	record           []byte
 }
 
 // dest is what Scan fills for entryColumns.
 func (e *entryRow) dest() []any {
-	return []any{&e.key, &e.state, &e.fingerprint, &e.since, &e.expires, &e.heldUntil, &e.size, &e.now}
+	return []any{&e.key, &e.state, &e.fingerprint, &e.since, &e.expires, &e.heldUntil, &e.size, &e.now, &e.version}
 }
 
 // entry is what the row shows, the record included when withRecord is
 // set.
 func (e *entryRow) entry(withRecord bool) (storage.Entry, error) {
-	v := storage.Entry{Key: string(e.key), Fingerprint: string(e.fingerprint), Expires: e.expires}
+	v := storage.Entry{Key: string(e.key), Fingerprint: string(e.fingerprint), Expires: e.expires, Version: e.version}
 	if e.since != nil {
 		v.Since = *e.since
 	}

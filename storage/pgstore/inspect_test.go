@@ -34,7 +34,7 @@ func TestInspectFencedEntry(t *testing.T) {
 	if err != nil || e.State != storage.InFlight || e.Fingerprint != "fp" || e.LeaseLeft <= 0 {
 		t.Fatalf("Lookup of a fenced entry: %+v, %v; want it in flight, as the open transaction found it", e, err)
 	}
-	if _, err := d.store.Remove(ctx, "k"); !errors.Is(err, pgstore.ErrLocked) {
+	if _, err := d.store.Remove(ctx, "k", e.Version); !errors.Is(err, pgstore.ErrLocked) {
 		t.Fatalf("Remove of a fenced entry: %v, want ErrLocked", err)
 	}
 	if got := d.state("k"); got != "processing" {
@@ -43,7 +43,7 @@ func TestInspectFencedEntry(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e, err := d.store.Remove(ctx, "k"); err != nil || e.State != storage.InFlight {
+	if e, err := d.store.Remove(ctx, "k", e.Version); err != nil || e.State != storage.InFlight {
 		t.Fatalf("Remove once the transaction rolled back: %+v, %v", e, err)
 	}
 	if got := d.state("k"); got != "" {

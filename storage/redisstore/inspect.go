@@ -27,23 +27,27 @@ func (s *Store) Lookup(ctx context.Context, key string, withRecord bool) (storag
 }
 
 // Remove implements [storage.Inspector.Remove]: one script, one round
-// trip. It is never refused for the server's maxmemory-policy. Errors
-// wrap [storage.ErrNotFound], or say that Redis could not be reached,
-// failed, or holds a value under the key that is not an entry (which it
-// leaves alone).
-func (s *Store) Remove(ctx context.Context, key string) (storage.Entry, error) {
-	return s.inspect(ctx, "remove", key, redisproto.InspectRemove)
+// trip, which compares the version and deletes. It is never refused for
+// the server's maxmemory-policy. Errors wrap [storage.ErrNotFound],
+// [storage.ErrChanged], [storage.ErrInvalid], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an
+// entry (which it leaves alone).
+func (s *Store) Remove(ctx context.Context, key, version string) (storage.Entry, error) {
+	if version == "" {
+		return storage.Entry{}, fmt.Errorf("redisstore: remove: %w: no version", storage.ErrInvalid)
+	}
+	return s.inspect(ctx, "remove", key, redisproto.InspectRemove, version)
 }
 
-func (s *Store) inspect(ctx context.Context, op, key, mode string) (storage.Entry, error) {
+func (s *Store) inspect(ctx context.Context, op, key, mode string, version ...any) (storage.Entry, error) {
 	c := &call{key: s.prefix + key}
-	reply, err := s.run(ctx, inspect, c, mode)
+	reply, err := s.run(ctx, inspect, c, append([]any{mode}, version...)...)
 	if err != nil {
 		return storage.Entry{}, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	e, _, err := redisproto.EntryOf(key, reply, mode == redisproto.InspectWithRecord)
 	if err != nil {
-		return storage.Entry{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
+		return e, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
 	}
 	return e, nil
 }

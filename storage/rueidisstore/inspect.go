@@ -30,26 +30,33 @@ func (s *Store) Lookup(ctx context.Context, key string, withRecord bool) (storag
 }
 
 // Remove implements [storage.Inspector.Remove]: one script, one round
-// trip, which rueidis does not resend (a resend would answer
-// ErrNotFound). It is never refused for the server's maxmemory-policy.
-// Errors wrap [storage.ErrNotFound], or say that Redis could not be
-// reached, failed, or holds a value under the key that is not an entry
-// (which it leaves alone).
-func (s *Store) Remove(ctx context.Context, key string) (storage.Entry, error) {
-	return s.inspect(ctx, "remove", remove, key, redisproto.InspectRemove)
+// trip, which compares the version and deletes, and which rueidis does
+// not resend (a resend would answer ErrNotFound). It is never refused
+// for the server's maxmemory-policy. Errors wrap [storage.ErrNotFound],
+// [storage.ErrChanged], [storage.ErrInvalid], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an
+// entry (which it leaves alone).
+func (s *Store) Remove(ctx context.Context, key, version string) (storage.Entry, error) {
+	if version == "" {
+		return storage.Entry{}, fmt.Errorf("rueidisstore: remove: %w: no version", storage.ErrInvalid)
+	}
+	return s.inspect(ctx, "remove", remove, key, redisproto.InspectRemove, version)
 }
 
-func (s *Store) inspect(ctx context.Context, op string, sc *rueidis.Lua, key, mode string) (storage.Entry, error) {
+func (s *Store) inspect(ctx context.Context, op string, sc *rueidis.Lua, key, mode string, version ...string) (storage.Entry, error) {
 	c := newCall(s.prefix, key, 0)
 	defer c.free()
 	c.arg(mode)
+	for _, v := range version {
+		c.arg(v)
+	}
 	reply, err := c.run(ctx, s.c, sc)
 	if err != nil {
 		return storage.Entry{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
 	}
 	e, _, err := redisproto.EntryOf(key, reply, mode == redisproto.InspectWithRecord)
 	if err != nil {
-		return storage.Entry{}, fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), err)
+		return e, fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), err)
 	}
 	return e, nil
 }

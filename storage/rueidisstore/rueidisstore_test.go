@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -156,8 +157,11 @@ func TestProtocol(t *testing.T) {
 // the entries up, lists them and removes one.
 var everyOutcome = slices.Concat(redisprototest.Outcomes, redisprototest.Inspections, []redisprototest.Op{
 	{Name: "remove", Run: func(ctx context.Context, s redisprototest.Store) error {
-		_, err := s.Remove(ctx, "k")
-		return err
+		// One script whatever it answers; storagetest checks the removals.
+		if _, err := s.Remove(ctx, "k", "not-its-version"); !errors.Is(err, storage.ErrChanged) {
+			return fmt.Errorf("Remove with a stale version: %v, want ErrChanged", err)
+		}
+		return nil
 	}},
 })
 
@@ -334,7 +338,7 @@ func TestServerErrors(t *testing.T) {
 			return err
 		},
 		"lookup": func() error { _, err := s.Lookup(ctx, "k", false); return err },
-		"remove": func() error { _, err := s.Remove(ctx, "k"); return err },
+		"remove": func() error { _, err := s.Remove(ctx, "k", "v"); return err },
 		"list":   func() error { _, err := s.List(ctx, storage.Query{}); return err },
 	}
 	check := func(when string) {

@@ -137,7 +137,8 @@ func OwnedResult(r Reply) error {
 
 // EntryOf maps the Inspect script's answer for key, and returns the
 // server's time when it answered. Errors wrap [storage.ErrNotFound],
-// [ErrCorrupt] or [ErrReply].
+// [storage.ErrChanged] (InspectRemove found another version: the entry
+// is returned as it is), [ErrCorrupt] or [ErrReply].
 func EntryOf(key string, r Reply, withRecord bool) (storage.Entry, time.Time, error) {
 	switch r.Kind {
 	case Int:
@@ -149,7 +150,7 @@ func EntryOf(key string, r Reply, withRecord bool) (storage.Entry, time.Time, er
 		}
 	case Array:
 		v := r.Array
-		if len(v) != 8 {
+		if len(v) != 10 {
 			break
 		}
 		tag, ok0 := v[0].str()
@@ -160,7 +161,9 @@ func EntryOf(key string, r Reply, withRecord bool) (storage.Entry, time.Time, er
 		usec, ok5 := v[5].str()
 		size, ok6 := v[6].code()
 		rec, ok7 := v[7].str()
-		if !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
+		version, ok8 := v[8].str()
+		removed, ok9 := v[9].code()
+		if !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7 && ok8 && ok9) || version == "" {
 			break
 		}
 		secs, err1 := strconv.ParseInt(sec, 10, 64)
@@ -169,7 +172,7 @@ func EntryOf(key string, r Reply, withRecord bool) (storage.Entry, time.Time, er
 			break
 		}
 		now := time.Unix(secs, usecs*1000)
-		e := storage.Entry{Key: key, Fingerprint: fp, Since: stampTime(since)}
+		e := storage.Entry{Key: key, Fingerprint: fp, Since: stampTime(since), Version: version}
 		if pttl >= 0 { // every entry has a TTL; -1 would be a key without one
 			e.Expires = now.Add(time.Duration(pttl) * time.Millisecond)
 		}
@@ -185,6 +188,9 @@ func EntryOf(key string, r Reply, withRecord bool) (storage.Entry, time.Time, er
 			e.State = storage.Issued
 		default:
 			return storage.Entry{}, time.Time{}, Unexpected(r)
+		}
+		if removed == 2 {
+			return e, now, storage.ErrChanged
 		}
 		return e, now, nil
 	}

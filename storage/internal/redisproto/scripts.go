@@ -72,7 +72,8 @@ var (
 	// Extend: owner, lease in ms. Answers as [OwnedResult] reads.
 	Extend = newScript(extendSrc)
 	// Inspect: one of [InspectLookup], [InspectWithRecord] or
-	// [InspectRemove]. Answers as [EntryOf] reads.
+	// [InspectRemove], then for InspectRemove the version to remove.
+	// Answers as [EntryOf] reads.
 	Inspect = newScript(inspectSrc)
 )
 
@@ -291,9 +292,19 @@ return -1
 `
 
 // inspectSrc: ARGV[1] "0" (look up), "1" (look up with the record) or
-// "2" (remove). No entry: 0; not an entry: -1; otherwise {state,
-// fingerprint, since, pttl, the server's seconds, microseconds, the
-// record's size, the record or ""}, and for "2" the key is deleted.
+// "2" (remove, if the entry's version is ARGV[2]). No entry: 0; not an
+// entry: -1; otherwise {state, fingerprint, since, pttl, the server's
+// seconds, microseconds, the record's size, the record or "", the
+// version, removed}, where removed is 1 when "2" deleted the key, 2 when
+// it did not because the version differs, 0 for a look up.
+//
+// The version is the first 16 hex digits of the SHA-1 of what names the
+// entry's incarnation: its state, stamp, fingerprint, owner (in flight,
+// or completed by) and issue TTL. A renewal (PEXPIRE) changes none of
+// them; every other write restamps the entry or changes its owner. The
+// record is left out (hashing a megabyte per entry of a listing would
+// hold the server), but for the unstamped 'D' entries, which only the
+// record's size tells apart.
 //
 // It reads the value with PCALL, so that a key of another type is "not an
 // entry" (-1) rather than an error: a listing meets them under an empty
@@ -304,12 +315,24 @@ if not v then return 0 end
 local tag, fp, rest, t, o, since = parse(v)
 if not tag then return -1 end
 local now = redis.call('TIME')
-local size, rec = 0, ''
+local size, rec, who = 0, '', ''
 if tag == 'D' then
   size = #rest
   if ARGV[1] == '1' then rec = rest end
+  who = o or tostring(size)
+elseif tag == 'P' then
+  who = rest
 end
+local version = string.sub(redis.sha1hex(tag .. '\0' .. (since or '') .. '\0' .. fp .. '\0' .. who .. '\0' .. (t or '')), 1, 16)
 local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[1] == '2' then redis.call('DEL', KEYS[1]) end
-return {tag, fp, since or '', pttl, now[1], now[2], size, rec}
+local removed = 0
+if ARGV[1] == '2' then
+  if ARGV[2] == version then
+    redis.call('DEL', KEYS[1])
+    removed = 1
+  else
+    removed = 2
+  end
+end
+return {tag, fp, since or '', pttl, now[1], now[2], size, rec, version, removed}
 `

@@ -42,7 +42,7 @@ func testCorruptValue(t *testing.T, h Harness) {
 				return err
 			},
 			"lookup": func() error { _, err := s.Lookup(ctx, "bad", true); return err },
-			"remove": func() error { _, err := s.Remove(ctx, "bad"); return err },
+			"remove": func() error { _, err := s.Remove(ctx, "bad", "any-version"); return err },
 		} {
 			err := f()
 			if err == nil || errors.Is(err, storage.ErrNotOwner) || !strings.Contains(err.Error(), "not an idem entry") {
@@ -166,7 +166,7 @@ func testInspectBesideOtherValues(t *testing.T, h Harness) {
 	if _, err := s.Lookup(ctx, "garbage", false); err == nil || errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Lookup of garbage: %v, want an error saying it is not an entry", err)
 	}
-	if _, err := s.Remove(ctx, "garbage"); err == nil {
+	if _, err := s.Remove(ctx, "garbage", "any-version"); err == nil {
 		t.Errorf("Remove of garbage: nil, want an error")
 	}
 	if v, _ := get(t, h, p+"garbage"); v != "garbage" {
