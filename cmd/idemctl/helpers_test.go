@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,9 +32,32 @@ import (
 // exit status, standard output and standard error.
 func idemctl(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return idemctlIn(t, strings.NewReader(stdin), args...)
+}
+
+// idemctlIn is idemctl with stdin as standard input.
+func idemctlIn(t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
 	var out, errOut strings.Builder
-	code = run(context.Background(), args, strings.NewReader(stdin), &out, &errOut)
+	code = run(context.Background(), args, stdin, &out, &errOut)
 	return code, out.String(), errOut.String()
+}
+
+// answerAfter is a standard input that calls before when it is first
+// read (once idemctl has asked its question), and then answers answer.
+type answerAfter struct {
+	before func()
+	answer string
+	asked  bool
+}
+
+func (r *answerAfter) Read(p []byte) (int, error) {
+	if r.asked {
+		return 0, io.EOF
+	}
+	r.asked = true
+	r.before()
+	return copy(p, r.answer), nil
 }
 
 // mustRun runs idemctl, and fails the test unless it exits with want.
@@ -44,6 +68,14 @@ func mustRun(t *testing.T, want int, stdin string, args ...string) (stdout, stde
 		t.Fatalf("idemctl %q: exit status %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, want, stdout, stderr)
 	}
 	return stdout, stderr
+}
+
+// mustRunOut runs idemctl with args and no input, fails the test unless
+// it exits 0, and returns its standard output.
+func mustRunOut(t *testing.T, args []string) string {
+	t.Helper()
+	out, _ := mustRun(t, 0, "", args...)
+	return out
 }
 
 // decode decodes idemctl's JSON output into v.

@@ -143,15 +143,53 @@ func TestLs(t *testing.T) {
 		}
 		oldest := l.Entries
 
+		// Two entries, and the cursor that goes on after them. PostgreSQL
+		// lists the oldest first; Redis in SCAN order.
 		out, _ = mustRun(t, 0, "", append(flags, "ls", "-done", "-limit", "2")...)
 		table, last = rows(t, out)
-		if len(table) != 2 || table[0][0] != oldest[0].Key || table[1][0] != oldest[1].Key || !strings.Contains(last, "-limit 2") {
-			t.Errorf("ls -done -limit 2: want the two oldest of %q, and a line that says there were more:\n%s", done, out)
+		if len(table) != 2 || !strings.Contains(last, "ls -done -limit 2 -cursor ") {
+			t.Errorf("ls -done -limit 2: want two of %q, and a line that says how to go on:\n%s", done, out)
+		}
+		if t.Name() == "TestLs/postgres" && (len(table) != 2 || table[0][0] != oldest[0].Key || table[1][0] != oldest[1].Key) {
+			t.Errorf("ls -done -limit 2 on PostgreSQL: want the two oldest of %q:\n%s", done, out)
 		}
 		out, _ = mustRun(t, 0, "", append(flags, "-json", "ls", "-done", "-limit", "2")...)
 		decode(t, out, &l)
-		if len(l.Entries) != 2 || !l.More {
-			t.Errorf("-json ls -done -limit 2: %s, want two entries and more", out)
+		if len(l.Entries) != 2 || !l.More || l.Next == "" {
+			t.Errorf("-json ls -done -limit 2: %s, want two entries, more and next", out)
+		}
+		paged := []string{l.Entries[0].Key, l.Entries[1].Key}
+		for cursor := l.Next; cursor != ""; cursor = l.Next {
+			out, _ = mustRun(t, 0, "", append(flags, "-json", "ls", "-done", "-limit", "2", "-cursor", cursor)...)
+			l = listing{}
+			decode(t, out, &l)
+			for _, e := range l.Entries {
+				paged = append(paged, e.Key)
+			}
+			if len(paged) > 10 {
+				t.Fatalf("-cursor goes on and on: %q", paged)
+			}
+		}
+		if slices.Sort(paged); !slices.Equal(paged, slices.Sorted(slices.Values(done))) {
+			t.Errorf("ls -done -limit 2, then -cursor: %q, want every done entry once: %q", paged, done)
+		}
+		if table, last = rows(t, mustRunOut(t, append(flags, "ls", "-done", "-all"))); len(table) != 3 || last != "" {
+			t.Errorf("ls -done -all: want the three done entries and no more")
+		}
+		var all listing
+		decode(t, mustRunOut(t, append(flags, "-json", "ls", "-all")), &all)
+		if len(all.Entries) != 4 || all.More || all.Next != "" {
+			t.Errorf("-json ls -all: %+v, want the four entries", all)
+		}
+		decode(t, mustRunOut(t, append(flags, "-json", "ls", "-all", "-in-flight", "-older-than", "1h")), &all)
+		if all.Entries == nil || len(all.Entries) != 0 || all.More {
+			t.Errorf("-json ls -all, no entry: %+v, want an empty listing", all)
+		}
+		if out := mustRunOut(t, append(flags, "ls", "-all", "-in-flight", "-older-than", "1h")); out != "no entries\n" {
+			t.Errorf("ls -all, no entry: %q", out)
+		}
+		if _, errOut := mustRun(t, exitUsage, "", append(flags, "ls", "-done", "-cursor", "bad-cursor")...); !strings.Contains(errOut, "-cursor") {
+			t.Errorf("ls -cursor of another store: %q, want a usage error", errOut)
 		}
 
 		out, _ = mustRun(t, 0, "", append(flags, "ls")...)
@@ -208,6 +246,64 @@ func TestRm(t *testing.T) {
 			if out, errOut := mustRun(t, exitNotFound, "y\n", append(flags, args...)...); out != "" || !strings.Contains(errOut, "no such entry") {
 				t.Errorf("idemctl %q: stdout %q, stderr %q", args, out, errOut)
 			}
+		}
+	})
+}
+
+// TestRmChanged: rm removes only the entry it showed. An operator sees
+// an execution in flight and answers y, but the execution completes
+// between the question and the answer: rm removes nothing, prints the
+// entry as it is now, says so, and exits 5; a retry replays the stored
+// response instead of running the handler again.
+func TestRmChanged(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		release := s.orderHeld("order-1")
+		stdin := &answerAfter{before: release, answer: "y\n"}
+		code, out, errOut := idemctlIn(t, stdin, append(flags, "rm", skey("order-1"))...)
+		if !stdin.asked {
+			t.Fatalf("rm asked nothing: %d\n%s\n%s", code, out, errOut)
+		}
+		if code != exitChanged || field(out, "state") != "done" || field(out, "key") != skey("order-1") ||
+			!strings.Contains(errOut, "not removed: the entry changed since it was shown: it is now done") ||
+			!strings.Contains(errOut, "its handler may still be running") {
+			t.Errorf("rm of an entry that completed before the answer: exit %d, stdout:\n%s\nstderr:\n%s\nwant exit %d, the done entry, and why", code, out, errOut, exitChanged)
+		}
+		if e, err := store.Lookup(context.Background(), skey("order-1"), false); err != nil || e.State != storage.Done {
+			t.Fatalf("after rm: %+v, %v; want the done record kept", e, err)
+		}
+		if w := s.send("order-1", "?hold=1"); w.Header().Get("Idempotent-Replayed") != "true" || s.runs.Load() != 1 {
+			t.Errorf("a retry: %d, replayed %q, %d runs; want the replay, the handler run once", w.Code, w.Header().Get("Idempotent-Replayed"), s.runs.Load())
+		}
+		var e idemadmin.Entry
+		code, out, _ = idemctl(t, "", append(flags, "-json", "rm", "-yes", skey("order-1"))...)
+		if decode(t, out, &e); code != 0 || e.State != "done" {
+			t.Errorf("rm -yes of it as it is now: %d %s", code, out)
+		}
+	})
+}
+
+// TestRmInFlight: rm of an entry in flight warns that its handler may
+// still run, and what a retry then does; -yes too.
+func TestRmInFlight(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		s.orderHeld("order-1")
+		for _, c := range []struct {
+			stdin string
+			args  []string
+			code  int
+		}{
+			{"n\n", []string{"rm", skey("order-1")}, exitNotConfirmed},
+			{"", []string{"rm", "-yes", skey("order-1")}, 0},
+		} {
+			_, errOut := mustRun(t, c.code, c.stdin, append(flags, c.args...)...)
+			if !strings.Contains(errOut, "its handler may still be running") || !strings.Contains(errOut, "runs the handler again, even while this one still runs") {
+				t.Errorf("idemctl %q: stderr %q, want the warning", c.args, errOut)
+			}
+		}
+		if _, err := store.Lookup(context.Background(), skey("order-1"), false); !errors.Is(err, storage.ErrNotFound) {
+			t.Errorf("after rm -yes: %v, want no entry", err)
 		}
 	})
 }
@@ -429,5 +525,173 @@ func TestUnreachable(t *testing.T) {
 				t.Errorf("idemctl %q: stdout %q, stderr %q", args, out, errOut)
 			}
 		}
+	}
+}
+
+// TestRmMany: rm with a state and -older-than lists the entries, with
+// -dry-run only that, else asks naming the count and removes each only if
+// it is still as listed: one that changed is kept, and rm exits 5.
+func TestRmMany(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		s.order("order-1")
+		release := s.orderHeld("order-2")
+
+		out, _ := mustRun(t, 0, "", append(flags, "rm", "-in-flight", "-older-than", "0s", "-dry-run")...)
+		if table, _ := rows(t, out); len(table) != 1 || table[0][0] != skey("order-2") {
+			t.Errorf("rm -in-flight -older-than 0s -dry-run: want the entry in flight:\n%s", out)
+		}
+		if out, _ := mustRun(t, 0, "", append(flags, "rm", "-yes", "-in-flight", "-older-than", "1h")...); out != "no entries\n" {
+			t.Errorf("rm -in-flight -older-than 1h: %q, want no entries", out)
+		}
+		if _, errOut := mustRun(t, exitNotConfirmed, "n\n", append(flags, "rm", "-in-flight", "-older-than", "0s")...); !strings.Contains(errOut, "remove this entry? [y/N]") {
+			t.Errorf("rm -in-flight not confirmed: %q", errOut)
+		}
+		if _, err := store.Lookup(context.Background(), skey("order-2"), false); err != nil {
+			t.Fatalf("after -dry-run and no: %v, want the entry kept", err)
+		}
+
+		// The execution completes before the answer: its record stays.
+		stdin := &answerAfter{before: release, answer: "y\n"}
+		code, out, errOut := idemctlIn(t, stdin, append(flags, "rm", "-in-flight", "-older-than", "0s")...)
+		if code != exitChanged || !strings.Contains(out, "changed  "+skey("order-2")+": not removed: it is now done") ||
+			!strings.Contains(out, "removed 0, changed 1, gone 0 (of 1 listed)") || !strings.Contains(errOut, "its handler may still be running") {
+			t.Errorf("rm -in-flight of an entry that completed before the answer: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+		}
+		if e, err := store.Lookup(context.Background(), skey("order-2"), false); err != nil || e.State != storage.Done {
+			t.Fatalf("after rm: %+v, %v; want the done record kept", e, err)
+		}
+
+		s2 := newShop(t, store)
+		s2.orderHeld("order-3")
+		var r removals
+		out, _ = mustRun(t, 0, "", append(flags, "-json", "rm", "-yes", "-in-flight", "-older-than", "0s")...)
+		decode(t, out, &r)
+		if len(r.Removed) != 1 || r.Removed[0].Key != skey("order-3") || len(r.Changed) != 0 || len(r.Gone) != 0 {
+			t.Errorf("-json rm -yes -in-flight: %s", out)
+		}
+		if _, err := store.Lookup(context.Background(), skey("order-3"), false); !errors.Is(err, storage.ErrNotFound) {
+			t.Errorf("after rm -yes -in-flight: %v, want no entry", err)
+		}
+
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"rm", "-in-flight"}, "-older-than"},
+			{[]string{"rm", "-older-than", "1m"}, "one state"},
+			{[]string{"rm", "-in-flight", "-done", "-older-than", "1m"}, "one state"},
+			{[]string{"rm", "-in-flight", "-older-than", "1m", skey("order-1")}, "not both"},
+			{[]string{"rm", "-dry-run", skey("order-1")}, "not both"},
+			{[]string{"rm", "-in-flight", "-older-than", "1m", "-scope", "x"}, "key flags"},
+			{[]string{"rm", "-in-flight", "-older-than", "-1m"}, "negative"},
+		} {
+			if _, errOut := mustRun(t, exitUsage, "", append(flags, c.args...)...); !strings.Contains(errOut, c.want) {
+				t.Errorf("idemctl %q: %q, want %q", c.args, errOut, c.want)
+			}
+		}
+	})
+}
+
+// TestClientKeys: KEY with key flags is read as the middleware reads the
+// key header (idem.ParseKey): the RFC 8941 form finds the entry of the
+// bare key, and a key the middleware refuses is a usage error (2), not
+// "no such entry"; -op takes it as it stands, as Do does.
+func TestClientKeys(t *testing.T) {
+	each(t, func(t *testing.T, store storage.Inspector, flags []string) {
+		s := newShop(t, store)
+		s.order("order-x")
+		out, _ := mustRun(t, 0, "", append(flags, "inspect", "-scope", scope, "-method", "POST", "-route", route, `"order-x"`)...)
+		if field(out, "key") != skey("order-x") || field(out, "state") != "done" {
+			t.Errorf(`inspect "order-x": want order-x's entry:\n%s`, out)
+		}
+		s.do("payments", `"q"`, "quoted")
+		out, _ = mustRun(t, 0, "", append(flags, "inspect", "-op", "payments", `"q"`)...)
+		if field(out, "key") != idem.OperationStorageKey("", "payments", `"q"`) {
+			t.Errorf(`inspect -op payments "q": want Do's entry of "q", quotes and all:\n%s`, out)
+		}
+		for name, key := range map[string]string{"256 bytes": strings.Repeat("k", 256), "a control char": "order\x01", "non-ASCII": "ordér"} {
+			for _, args := range [][]string{
+				{"inspect", "-scope", scope, "-method", "POST", "-route", route, key},
+				{"rm", "-yes", "-scope", scope, "-method", "POST", "-route", route, key},
+				{"inspect", "-issued", "-scope", scope, key},
+				{"inspect", "-op", "payments", key},
+			} {
+				if out, errOut := mustRun(t, exitUsage, "", append(flags, args...)...); out != "" || !strings.Contains(errOut, "not a key the middleware accepts") {
+					t.Errorf("%s: idemctl %s: stdout %q, stderr %q", name, args[0], out, errOut)
+				}
+			}
+		}
+	})
+}
+
+// TestDashKey: a storage key that starts with "-" (one in 64) is taken as
+// KEY without "--", and ls says how to name it.
+func TestDashKey(t *testing.T) {
+	store, flags := openRedis(t)
+	s := newShop(t, store)
+	var client string
+	for i := 0; ; i++ {
+		if client = fmt.Sprint("order-", i); strings.HasPrefix(skey(client), "-") {
+			break
+		}
+	}
+	s.order(client)
+	key := skey(client)
+	for _, args := range [][]string{{"inspect", key}, {"inspect", "-body", key}, {"inspect", "--", key}} {
+		if out, _ := mustRun(t, 0, "", append(flags, args...)...); field(out, "key") != key {
+			t.Errorf("idemctl %q:\n%s", args, out)
+		}
+	}
+	out, _ := mustRun(t, 0, "", append(flags, "ls")...)
+	if !strings.Contains(out, "idemctl inspect -- "+key+"\n") {
+		t.Errorf("ls of a key starting with -: want the hint with --:\n%s", out)
+	}
+	if _, errOut := mustRun(t, exitUsage, "", append(flags, "inspect", "-nope", key)...); !strings.Contains(errOut, "-nope") {
+		t.Errorf("an unknown flag before KEY: %q", errOut)
+	}
+	if out, _ := mustRun(t, 0, "", append(flags, "rm", "-yes", key)...); !strings.HasSuffix(out, "removed\n") {
+		t.Errorf("rm -yes %s:\n%s", key, out)
+	}
+}
+
+// TestScope: the scope comes from -scope, else from $IDEMCTL_SCOPE, or
+// with -scope - from a line of standard input, which rm, reading its
+// answer there, refuses.
+func TestScope(t *testing.T) {
+	store, flags := openRedis(t)
+	s := newShop(t, store)
+	s.order("order-1")
+	s.order("order-2")
+	t.Setenv(envScope, scope)
+	byKey := append(slices.Clone(flags), "inspect", "-method", "POST", "-route", route, "order-1")
+	if out, _ := mustRun(t, 0, "", byKey...); field(out, "key") != skey("order-1") {
+		t.Errorf("inspect with %s:\n%s", envScope, out)
+	}
+	mustRun(t, exitNotFound, "", append(flags, "inspect", "-scope", "Bearer bob", "-method", "POST", "-route", route, "order-1")...)
+	t.Setenv(envScope, "")
+	if out, _ := mustRun(t, 0, scope+"\n", append(flags, "inspect", "-scope", "-", "-method", "POST", "-route", route, "order-1")...); field(out, "key") != skey("order-1") {
+		t.Errorf("inspect -scope -:\n%s", out)
+	}
+	if _, errOut := mustRun(t, exitUsage, scope+"\ny\n", append(flags, "rm", "-scope", "-", "-method", "POST", "-route", route, "order-1")...); !strings.Contains(errOut, envScope) {
+		t.Errorf("rm -scope - without -yes: %q, want a usage error naming %s", errOut, envScope)
+	}
+	if out, _ := mustRun(t, 0, scope+"\r\n", append(flags, "rm", "-yes", "-scope", "-", "-method", "POST", "-route", route, "order-2")...); field(out, "key") != skey("order-2") {
+		t.Errorf("rm -yes -scope -:\n%s", out)
+	}
+	if _, errOut := mustRun(t, exitUsage, "", append(flags, "inspect", "-scope", "-", "-method", "POST", "-route", route, "order-1")...); !strings.Contains(errOut, "-scope -") {
+		t.Errorf("inspect -scope - without input: %q", errOut)
+	}
+}
+
+// TestBodyEncoding: -json inspect -body prints a JSON body as text, with
+// body_encoding.
+func TestBodyEncoding(t *testing.T) {
+	store, flags := openRedis(t)
+	s := newShop(t, store)
+	s.order("order-1")
+	out, _ := mustRun(t, 0, "", append(flags, "-json", "inspect", "-body", skey("order-1"))...)
+	if !strings.Contains(out, `"body": "{\"order\":1}"`) || !strings.Contains(out, `"body_encoding": "text"`) {
+		t.Errorf("-json inspect -body: want the body as text:\n%s", out)
 	}
 }

@@ -6,14 +6,15 @@
 // package idemadmin shows: its JSON with -json.
 //
 //	idemctl [global flags] inspect [-body] [key flags] KEY
-//	idemctl [global flags] ls [-in-flight | -done | -committed | -issued] [-older-than D] [-limit N]
+//	idemctl [global flags] ls [-in-flight | -done | -committed | -issued] [-older-than D] [-limit N] [-cursor C | -all]
 //	idemctl [global flags] rm [-yes] [key flags] KEY
+//	idemctl [global flags] rm [-yes | -dry-run] -in-flight | -done | -committed -older-than D
 //	idemctl [global flags] stats
 //
 // For example:
 //
 //	idemctl -redis localhost:6379 ls -in-flight -older-than 1m
-//	idemctl -pg "$DATABASE_URL" inspect -scope "$AUTH" -method POST -route 'POST /orders' order-42
+//	IDEMCTL_SCOPE="$AUTH" idemctl -pg "$DATABASE_URL" inspect -method POST -route 'POST /orders' order-42
 //	idemctl -redis localhost:6379 -json stats
 //
 // The global flags come before the command, the command's own flags after
@@ -33,33 +34,75 @@
 // store forgets it, and for a done entry the size of its record and the
 // status, content type and body size of its response. -body adds the
 // stored headers and the body, which are never printed without it (they
-// hold what the application sent to its client).
+// hold what the application sent to its client). A body that is not
+// UTF-8 text of a textual content type (text/*, JSON, XML, ...; or none,
+// as Middleware.Do's results) is printed in base64, and says so; with
+// -json the body is a string, "body_encoding" saying "text" or "base64"
+// (see idemadmin.Response).
 //
-// KEY is the storage key, as ls lists it (idem.Info.StorageKey); a KEY
-// that starts with "-" follows "--". Or name the entry as the middleware
-// derives it from the client's key: -scope S -method M -route R KEY for a
-// request's key (S is what the middleware's scope function returns, by
-// default the request's Authorization header, whole; R the route as the
-// adapter names it: net/http's mux pattern such as "POST /orders", Gin's
-// c.FullPath(), Echo's c.Path()); -op OP KEY for Middleware.Do's (with
-// -scope S for a call made WithCallScope); -issued -scope S KEY for a key
-// issued under idem.WithIssuedKeys. See idem.StorageKey.
+// KEY is the storage key, as ls lists it (idem.Info.StorageKey); one that
+// starts with "-" (about one in 64) is taken as KEY when it is the last
+// argument and no flag, or follows "--" (which ls's hint prints). Or name
+// the entry as the middleware derives it from the client's key: -scope S
+// -method M -route R KEY for a request's key (S is what the middleware's
+// scope function returns, by default the request's Authorization header,
+// whole; R the route as the adapter names it: net/http's mux pattern such
+// as "POST /orders", Gin's c.FullPath(), Echo's c.Path()); -op OP KEY for
+// Middleware.Do's (with -scope S for a call made WithCallScope); -issued
+// -scope S KEY for a key issued under idem.WithIssuedKeys. See
+// idem.StorageKey. The client's key is read as the middleware reads the
+// key header (idem.ParseKey): "order-42" in RFC 8941 quotes, as the IETF
+// draft has clients send it, names the same entry as order-42, and a key
+// the middleware refuses (empty, over 255 bytes, a character outside
+// printable ASCII) is a usage error. With -op the key is taken as it
+// stands, as Middleware.Do takes it (idem.CheckKey).
+//
+// A scope that is a bearer token on the command line shows in ps and the
+// shell's history: without -scope, a request's and an issued key's scope
+// is $IDEMCTL_SCOPE (-scope "" for the empty scope); -scope - reads it
+// from the first line of standard input, which rm, reading its answer
+// there, refuses unless given -yes. -op takes -scope only: a Do call's
+// scope is a name of the application's, not a credential.
 //
 // ls lists the entries of one state (-in-flight, -done, -committed,
 // -issued; all of them without), those that entered it at least
 // -older-than ago (such as the executions in flight for more than a
-// minute), oldest first, one line each: KEY STATE AGE LEASE-LEFT
-// EXPIRES-IN SIZE. It prints at most -limit entries (default 100), and
-// says so in a last line when there were more. PostgreSQL lists the
-// entries of one state oldest first, so these are the oldest; Redis lists
-// in no order, so on Redis they are the oldest of the first entries found.
+// minute), one line each: KEY STATE AGE LEASE-LEFT EXPIRES-IN SIZE. It
+// prints at most -limit entries (default 100), oldest first, and when the
+// listing goes on, a last line with the command that prints the next
+// ones, -cursor C (in JSON: "more": true and "next": C; a page may then
+// hold no entry while more follow). PostgreSQL lists the entries of one
+// state oldest first, so a page holds the oldest; Redis lists in SCAN
+// order, so on Redis a page holds the first entries found. -all prints
+// every entry, a page of the store at a time as it reads it, each page
+// oldest first, in memory that does not grow with the store (on Redis an
+// entry may show twice).
 //
-// rm shows the entry and asks "remove it? [y/N]" on standard error, and
-// removes it only when the answer, read from standard input, is y or yes;
-// -yes removes without asking. It prints the entry as it was removed. The
-// key is then free: the next request with it runs the handler again (for
-// an issued key: the key is spent). While a transaction that fenced the
-// entry (pgstore's Store.Fence) is open, nothing is removed: try again.
+// rm looks the entry up, shows it and asks "remove it? [y/N]" on
+// standard error, and removes it only when the answer, read from standard
+// input, is y or yes, and only if it is still the entry shown: the store
+// compares its version and removes it in one step. If it changed
+// meanwhile (the execution shown in flight completed, say), rm removes
+// nothing, prints the entry as it is now, says so, and exits 5: run it
+// again to remove it as it is now. -yes removes without asking, what the
+// look-up showed, likewise. It prints the entry as it was removed. The key
+// is then free: the next request with it runs the handler again (for an
+// issued key: the key is spent). rm of an entry in flight warns that its
+// handler may still be running: the next request with its key runs the
+// handler again even while the first still runs (whose response is then
+// not stored); of a committed one, that the work ran, and a retry runs it
+// again. While a transaction that fenced the entry (pgstore's Store.Fence)
+// is open, nothing is removed: try again.
+//
+// rm -in-flight -older-than D (or -done, or -committed; both flags are
+// required, -older-than 0s for every age) removes many: it lists every
+// entry of that state at least D old, prints them, stops there with
+// -dry-run, else asks "remove these N entries? [y/N]" (-yes does not),
+// and removes each only if it is still as listed (in flight under the
+// same owner, say). It prints a line for each, removed, changed (kept, as
+// it is now), gone (removed or expired meanwhile) or locked, and the
+// counts; with -json, {"removed": [...], "changed": [...], "gone": [keys]}.
+// It exits 5 when an entry changed, 1 when one was locked.
 //
 // stats counts the entries by state, and names the oldest in flight. It
 // reads every entry of the store: on a large store it takes a while.
@@ -67,10 +110,12 @@
 // Exit status: 0 done; 1 the store failed or could not be reached, or the
 // entry is locked by a transaction; 2 a usage error (a bad flag, no store
 // or two, no KEY or a bad one); 3 no such entry (inspect, rm); 4 rm was not
-// confirmed.
+// confirmed; 5 rm removed nothing because the entry changed since it was
+// shown (of many: some changed since they were listed).
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -91,12 +136,13 @@ const help = `idemctl shows what an idem store holds, and removes an entry by ha
 Usage:
 
   idemctl [global flags] inspect [-body] [key flags] KEY
-  idemctl [global flags] ls [-in-flight | -done | -committed | -issued] [-older-than D] [-limit N]
+  idemctl [global flags] ls [-in-flight | -done | -committed | -issued] [-older-than D] [-limit N] [-cursor C | -all]
   idemctl [global flags] rm [-yes] [key flags] KEY
+  idemctl [global flags] rm [-yes | -dry-run] -in-flight | -done | -committed -older-than D
   idemctl [global flags] stats
 
   idemctl -redis localhost:6379 ls -in-flight -older-than 1m
-  idemctl -pg "$DATABASE_URL" inspect -scope "$AUTH" -method POST -route 'POST /orders' order-42
+  IDEMCTL_SCOPE="$AUTH" idemctl -pg "$DATABASE_URL" inspect -method POST -route 'POST /orders' order-42
 
 Global flags, before the command. Exactly one store:
 
@@ -117,34 +163,54 @@ Commands:
 
   inspect KEY   one entry, a field per line; for a done entry its response's
                 status, content type and body size
-      -body     also print the stored headers and body
+      -body     also print the stored headers and body (in base64 when it is
+                not text; with -json, "body_encoding" says text or base64)
 
   ls            the entries, oldest first: KEY STATE AGE LEASE-LEFT EXPIRES-IN SIZE
       -in-flight, -done, -committed, -issued
                 only the entries in that state (default: all)
       -older-than D
                 only those in their state for at least D, such as 1m
-      -limit N  print at most N entries (default 100); on Redis, the oldest
-                of the first entries found
+      -limit N  print at most N entries (default 100), and when there are
+                more, the command that goes on (on Redis, the first found)
+      -cursor C go on where a page ended (JSON: its "next")
+      -all      print every entry, page after page (on Redis, maybe twice)
 
-  rm KEY        show the entry, ask "remove it? [y/N]" on stderr, remove it on
-                y or yes, and print it as it was; the next request with its key
-                runs the handler again
+  rm KEY        show the entry, ask "remove it? [y/N]" on stderr, and on y or
+                yes remove it if it is still the entry shown, and print it as
+                it was; the next request with its key runs the handler again.
+                If it changed meanwhile: nothing removed, shown as it is now,
+                exit 5. An entry in flight: its handler may still be running
+      -yes      do not ask (what the look-up shows is removed, likewise)
+
+  rm -in-flight -older-than D     (or -done, -committed; -older-than 0s: any age)
+                list the entries of that state at least D old, ask "remove
+                these N entries? [y/N]", and remove each that is still as
+                listed; print removed, changed, gone; exit 5 if one changed
+      -dry-run  list them only
       -yes      do not ask
 
   stats         the entries by state, and the oldest in flight (reads them all)
 
-KEY is the storage key, as ls lists it (a KEY starting with "-" follows "--"),
-or, with key flags, the key the client sent, named as the middleware does:
+KEY is the storage key, as ls lists it (one starting with "-" may follow "--"),
+or, with key flags, the key the client sent, read as the middleware reads the
+header ("order-42" in RFC 8941 quotes is order-42; a key it refuses is a
+usage error), named as the middleware does:
 
   -scope S -method M -route R KEY   a request's key: S is what the scope function
                                     returns (by default the Authorization header),
                                     R the route, such as 'POST /orders'
-  -op OP [-scope S] KEY             Middleware.Do's key for the operation OP (-scope: WithCallScope's)
+  -op OP [-scope S] KEY             Middleware.Do's key for the operation OP (-scope: WithCallScope's),
+                                    taken as it stands, as Do takes it
   -issued -scope S KEY              a key issued under WithIssuedKeys
 
+  Without -scope, a request's or an issued key's scope is $IDEMCTL_SCOPE, out of
+  ps and the shell's history; -scope - reads it from a line of stdin (not with
+  rm's question: use the variable, or -yes).
+
 Exit status: 0 done; 1 the store failed or is unreachable, or the entry is
-locked by a transaction; 2 usage error; 3 no such entry; 4 rm not confirmed.
+locked by a transaction; 2 usage error; 3 no such entry; 4 rm not confirmed;
+5 rm removed nothing: the entry changed since it was shown.
 `
 
 // Exit statuses.
@@ -153,6 +219,7 @@ const (
 	exitUsage        = 2 // bad flags, no store or two, no KEY or a bad one
 	exitNotFound     = 3 // no such entry
 	exitNotConfirmed = 4 // rm was not confirmed
+	exitChanged      = 5 // rm: the entry changed since it was shown, and was not removed
 )
 
 // Environment variables that name the store when no flag does.
@@ -161,6 +228,10 @@ const (
 	envRedisCluster = "IDEM_REDIS_CLUSTER"
 	envPGDSN        = "IDEM_PG_DSN"
 )
+
+// envScope stands in for -scope when it is not given: a scope that is a
+// bearer token stays out of ps and the shell's history.
+const envScope = "IDEMCTL_SCOPE"
 
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -206,7 +277,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // cli is one run of idemctl.
 type cli struct {
 	stdin          io.Reader
+	stdinBuf       *bufio.Reader // stdin, buffered: see in
 	stdout, stderr io.Writer
+
+	// answers is set when the command reads an answer from stdin (rm
+	// without -yes), which -scope - then cannot.
+	answers bool
 
 	globals
 	given map[string]bool // the global flags given, by name
@@ -324,7 +400,11 @@ func newFlagSet(name string) *flag.FlagSet {
 // parse parses args with fs: flag.ErrHelp for -h, a usage error for a bad
 // flag.
 func parse(fs *flag.FlagSet, args []string) error {
-	err := fs.Parse(args)
+	return parseErr(fs, fs.Parse(args))
+}
+
+// parseErr is parse's answer for err, fs.Parse's.
+func parseErr(fs *flag.FlagSet, err error) error {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return err

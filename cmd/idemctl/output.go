@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -81,6 +82,10 @@ func writeEntry(w io.Writer, e idemadmin.Entry, withBody bool) error {
 			}
 		}
 	}
+	binary := withBody && r != nil && r.BodyEncoding() == idemadmin.BodyBase64
+	if binary {
+		field("body encoding", "base64: not text of a textual content type")
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -88,6 +93,9 @@ func writeEntry(w io.Writer, e idemadmin.Entry, withBody bool) error {
 		return nil
 	}
 	body := append([]byte("\n"), r.Body...)
+	if binary {
+		body = append([]byte("\n"), base64.StdEncoding.EncodeToString(r.Body)...)
+	}
 	if body[len(body)-1] != '\n' {
 		body = append(body, '\n')
 	}
@@ -96,16 +104,81 @@ func writeEntry(w io.Writer, e idemadmin.Entry, withBody bool) error {
 }
 
 // printListing writes ls's table to standard output, and a last line
-// when there were more entries than limit.
-func (c *cli) printListing(l listing, limit int) error {
-	if len(l.Entries) == 0 {
-		_, err := fmt.Fprintln(c.stdout, "no entries")
+// with the command that goes on when the listing is not over.
+func (c *cli) printListing(l listing, next string) error {
+	return writeListing(c.stdout, l, next)
+}
+
+// writeListing writes l as a table to w, a hint when a key starts with
+// "-", and, when next is not empty, a last line that says how to go on.
+func writeListing(w io.Writer, l listing, next string) error {
+	if len(l.Entries) == 0 && !l.More {
+		_, err := fmt.Fprintln(w, "no entries")
 		return err
 	}
+	p := &listPrinter{w: w, header: true}
+	if err := p.page(l.Entries); err != nil {
+		return err
+	}
+	if err := p.hint(); err != nil || next == "" {
+		return err
+	}
+	more := "more entries"
+	if len(l.Entries) == 0 {
+		more = "none in this page of the store, more may follow"
+	}
+	_, err := fmt.Fprintf(w, "%s: %s\n", more, next)
+	return err
+}
+
+// listPrinter prints ls's table, or with json its JSON, page after page.
+type listPrinter struct {
+	w      io.Writer
+	json   bool
+	wide   bool   // columns of a fixed least width, the same on every page
+	header bool   // the header is still to print
+	dashed string // a key that starts with "-", for the hint
+	n      int    // entries printed
+}
+
+// newListPrinter returns the printer of ls -all.
+func (c *cli) newListPrinter() *listPrinter {
+	return &listPrinter{w: c.stdout, json: c.json, wide: true, header: true}
+}
+
+// page prints entries.
+func (p *listPrinter) page(entries []idemadmin.Entry) error {
+	if p.json {
+		for _, e := range entries {
+			b, err := json.MarshalIndent(e, "    ", "  ")
+			if err != nil {
+				return err
+			}
+			sep := ",\n    "
+			if p.n == 0 {
+				sep = "{\n  \"entries\": [\n    "
+			}
+			p.n++
+			if _, err := fmt.Fprintf(p.w, "%s%s", sep, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if len(entries) == 0 {
+		return nil
+	}
 	now := time.Now()
-	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tSTATE\tAGE\tLEASE-LEFT\tEXPIRES-IN\tSIZE")
-	for _, e := range l.Entries {
+	minWidth := 0
+	if p.wide {
+		minWidth = 11
+	}
+	tw := tabwriter.NewWriter(p.w, minWidth, 0, 2, ' ', 0)
+	if p.header {
+		fmt.Fprintln(tw, "KEY\tSTATE\tAGE\tLEASE-LEFT\tEXPIRES-IN\tSIZE")
+		p.header = false
+	}
+	for _, e := range entries {
 		age, lease, size := "-", "-", "-"
 		if e.AgeMS != nil {
 			age = duration(*e.AgeMS)
@@ -116,16 +189,48 @@ func (c *cli) printListing(l listing, limit int) error {
 		if e.State == "done" {
 			size = strconv.Itoa(e.Size)
 		}
+		if strings.HasPrefix(e.Key, "-") && p.dashed == "" {
+			p.dashed = e.Key
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(e.Key), e.State, age, lease, expiresIn(e, now), size)
+		p.n++
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	return tw.Flush()
+}
+
+// end ends the listing of ls -all.
+func (p *listPrinter) end() error {
+	var err error
+	switch {
+	case p.json && p.n == 0:
+		_, err = fmt.Fprint(p.w, "{\n  \"entries\": [],\n  \"more\": false\n}\n")
+	case p.json:
+		_, err = fmt.Fprint(p.w, "\n  ],\n  \"more\": false\n}\n")
+	case p.n == 0:
+		_, err = fmt.Fprintln(p.w, "no entries")
+	default:
+		err = p.hint()
 	}
-	if !l.More {
+	return err
+}
+
+// hint says, when a key printed starts with "-", how to name it.
+func (p *listPrinter) hint() error {
+	if p.dashed == "" {
 		return nil
 	}
-	_, err := fmt.Fprintf(c.stdout, "more entries than -limit %d: raise it, or narrow the listing with a state or -older-than\n", limit)
+	_, err := fmt.Fprintf(p.w, "a KEY that starts with \"-\" follows \"--\": idemctl inspect -- %s\n", printable(p.dashed))
 	return err
+}
+
+// shellQuote quotes s for a POSIX shell, when it needs it.
+func shellQuote(s string) string {
+	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.,:/=+@%", r))
+	}) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // printStats writes the counts to standard output, and the oldest entry
