@@ -69,22 +69,35 @@
 // key done but not replayable.
 //
 // The interceptor refuses a call with a status whose message says what
-// happened, never with the key:
+// happened, never with the key, and whose google.rpc.ErrorInfo detail
+// (AIP-193: domain [Domain], "github.com/idemkit/idem") names the case
+// with a stable reason, the one thing a program should compare: [Reason]
+// returns it ("" for a status that is not idem's, such as the
+// application's own Aborted or FailedPrecondition).
 //
-//	the key is in flight in another call         Aborted, with a google.rpc.RetryInfo
-//	  (see idem.WithWait to wait for it instead)   detail and retry-after header metadata
-//	                                               (whole seconds): when to try again
-//	the key was used with another request         FailedPrecondition
-//	the key completed, its response was not       FailedPrecondition
+//	the key is in flight in another call         Aborted, ReasonInFlight, with a
+//	  (see idem.WithWait to wait for it instead)   google.rpc.RetryInfo detail and retry-after
+//	                                               header metadata (whole seconds): when to
+//	                                               try again
+//	the key was used with another request         FailedPrecondition, ReasonMismatch
+//	the key completed, its response was not       FailedPrecondition, ReasonNotReplayable
 //	  kept (larger than idem.WithMaxResponseBody,
 //	  or not recordable): it is not run again
-//	the key is invalid, sent twice, or missing    InvalidArgument
-//	  (WithRequireKey)
-//	the store is unavailable                      Unavailable, with RetryInfo and retry-after;
-//	                                               the handler does not run (with
-//	                                               idem.WithFailOpen it runs unprotected)
-//	the call's context ended before it ran        Canceled or DeadlineExceeded, as the context
-//	the record cannot be read                     Internal
+//	the key is invalid or sent twice              InvalidArgument, ReasonInvalidKey
+//	the key is missing (WithRequireKey)           InvalidArgument, ReasonMissingKey
+//	the store is unavailable                      Unavailable, ReasonStoreUnavailable, with
+//	                                               RetryInfo and retry-after; the handler does
+//	                                               not run (with idem.WithFailOpen it runs
+//	                                               unprotected)
+//	the call's context ended before it ran        Canceled or DeadlineExceeded, as the context,
+//	                                               ReasonCanceled
+//	the record cannot be read                     Internal, ReasonCorruptRecord
+//	the request is not a protocol buffer          Internal, ReasonRequestNotComparable
+//	  message (see WithoutFingerprint)
+//	any other refusal of the core (a kind of      by its HTTP status: 503 Unavailable, other
+//	  idem error this version does not know)       5xx Internal, 400 InvalidArgument, 429
+//	                                               ResourceExhausted, other 4xx
+//	                                               FailedPrecondition; ReasonRefused
 //
 // # The record
 //

@@ -3,18 +3,15 @@ package grpcidem
 import (
 	"context"
 	"errors"
-	"strconv"
-	"time"
+	"net/http"
 
 	"github.com/idemkit/idem"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // The messages of the statuses the interceptor answers with. None holds
@@ -62,11 +59,11 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		keys := metadata.ValueFromIncomingContext(ctx, cfg.header)
 		switch {
 		case len(keys) == 0 && cfg.requireKey:
-			return nil, status.Error(codes.InvalidArgument, msgMissingKey)
+			return nil, refusal(ctx, &idem.Error{Kind: idem.ErrMissingKey, Status: http.StatusBadRequest})
 		case len(keys) == 0:
 			return handler(ctx, req)
 		case len(keys) > 1:
-			return nil, status.Error(codes.InvalidArgument, msgMultipleKeys)
+			return nil, refusal(ctx, &idem.Error{Kind: idem.ErrInvalidKey, Status: http.StatusBadRequest, Detail: msgMultipleKeys})
 		}
 		var a [2]idem.CallOption
 		callOpts := a[:0]
@@ -76,11 +73,11 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		if !cfg.noFP {
 			msg, ok := req.(proto.Message)
 			if !ok {
-				return nil, status.Error(codes.Internal, msgNotProto)
+				return nil, answerStatus(ctx, codes.Internal, ReasonRequestNotComparable, msgNotProto, 0, nil)
 			}
 			fp, err := deterministic.Marshal(msg)
 			if err != nil {
-				return nil, status.Error(codes.Internal, "grpcidem: the request cannot be marshalled: "+err.Error())
+				return nil, answerStatus(ctx, codes.Internal, ReasonRequestNotComparable, "grpcidem: the request cannot be marshalled: "+err.Error(), 0, nil)
 			}
 			callOpts = append(callOpts, idem.WithCallFingerprint(fp))
 		}
@@ -157,17 +154,17 @@ func notKept(ctx context.Context) ([]byte, error) {
 func replay(ctx context.Context, out []byte) (any, error) {
 	r, err := decodeRecord(out)
 	if err != nil {
-		return nil, status.Error(codes.Internal, msgCorrupt)
+		return nil, answerStatus(ctx, codes.Internal, ReasonCorruptRecord, msgCorrupt, 0, nil)
 	}
 	var resp proto.Message
 	if r.status == nil {
 		mt, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName)
 		if err != nil {
-			return nil, status.Error(codes.Internal, "The stored response's message type "+string(r.typeName)+" is not known to this program; it cannot be replayed.")
+			return nil, answerStatus(ctx, codes.Internal, ReasonCorruptRecord, "The stored response's message type "+string(r.typeName)+" is not known to this program; it cannot be replayed.", 0, nil)
 		}
 		resp = mt.New().Interface()
 		if err := proto.Unmarshal(r.message, resp); err != nil {
-			return nil, status.Error(codes.Internal, msgCorrupt)
+			return nil, answerStatus(ctx, codes.Internal, ReasonCorruptRecord, msgCorrupt, 0, nil)
 		}
 	}
 	if r.header == nil {
@@ -185,49 +182,3 @@ func replay(ctx context.Context, out []byte) (any, error) {
 // replayedValue is the value of the replayed mark. Shared: gRPC copies
 // the metadata it is given.
 var replayedValue = []string{"true"}
-
-// refusal turns an error of Do, whose function did not run, into the
-// call's status.
-func refusal(ctx context.Context, err error) error {
-	var e *idem.Error
-	if !errors.As(err, &e) {
-		return status.Error(codes.Internal, "The call could not be processed.")
-	}
-	switch e.Kind {
-	case idem.ErrConflict:
-		return retryLater(ctx, codes.Aborted, msgConflict, e.RetryAfter)
-	case idem.ErrStoreUnavailable:
-		return retryLater(ctx, codes.Unavailable, msgStore, e.RetryAfter)
-	case idem.ErrMismatch:
-		return status.Error(codes.FailedPrecondition, msgMismatch)
-	case idem.ErrNotReplayable:
-		return status.Error(codes.FailedPrecondition, msgNotKept)
-	case idem.ErrInvalidKey:
-		return status.Error(codes.InvalidArgument, e.Detail)
-	case idem.ErrCanceled:
-		cause := ctx.Err()
-		if cause == nil {
-			cause = context.Canceled
-		}
-		return status.Error(status.FromContextError(cause).Code(), msgCanceled+cause.Error()+".")
-	case idem.ErrCorruptRecord:
-		return status.Error(codes.Internal, msgCorrupt)
-	}
-	return status.Error(codes.Internal, "The call could not be processed.")
-}
-
-// retryLater returns the status code with msg and, when d is positive, a
-// google.rpc.RetryInfo detail of d and a retry-after header entry of d in
-// whole seconds (rounded up, at least 1).
-func retryLater(ctx context.Context, code codes.Code, msg string, d time.Duration) error {
-	st := status.New(code, msg)
-	if d <= 0 {
-		return st.Err()
-	}
-	if with, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); err == nil {
-		st = with
-	}
-	secs := max(int64((d+time.Second-1)/time.Second), 1)
-	grpc.SetHeader(ctx, metadata.Pairs(RetryAfterHeader, strconv.FormatInt(secs, 10)))
-	return st.Err()
-}
