@@ -137,11 +137,16 @@
 //	idempotent-replayed: true in the header (any     returned: the first run's answer
 //	  status)
 //	OK                                               returned
-//	Aborted (the key in flight), Unavailable (the    waits the server's delay (RetryInfo, else
-//	  store down, the connection broken: the call      retry-after), else the backoff; retries
-//	  may or may not have reached the server)          with the same key
-//	FailedPrecondition, InvalidArgument, and every   returned, never retried
-//	  other status
+//	Aborted with idem's ErrorInfo, ReasonInFlight    waits the server's delay (RetryInfo, else
+//	  (the key in flight), Unavailable (the store      retry-after), else the backoff; retries
+//	  down, the connection broken: the call may or     with the same key
+//	  may not have reached the server)
+//	DeadlineExceeded of the attempt's own deadline   waits the backoff; retries with the same key
+//	  (WithPerAttemptTimeout), the call's context
+//	  still alive
+//	an application's own Aborted (no ErrorInfo of    returned, never retried
+//	  idem's), FailedPrecondition, InvalidArgument,
+//	  and every other status
 //	the context ended                                returned, never retried
 //
 // A retry waits the server's delay plus up to a tenth of it, or an
@@ -154,4 +159,16 @@
 // and a wait that the context cuts short returns it too. [WithAttemptHook]
 // sees every attempt, for logs and metrics; an [Attempt] never holds the
 // key.
+//
+// grpc-go's own retries (a retryPolicy in the service config) compose
+// with the interceptor: they happen inside each of its attempts, below
+// it, and resend the call's metadata as it was, so the key is kept. But a
+// retryPolicy retries the codes it names whoever produced them: one that
+// names Aborted retries an application's own Aborted too, and does not
+// wait the delay idem asks for (it follows its own backoff). Leave
+// Aborted out of retryPolicy's retryableStatusCodes and let this
+// interceptor retry idem's Aborted, or use the interceptor alone
+// (WithMaxAttempts bounds its attempts, not grpc-go's within them).
+// Each attempt's deadline, with WithPerAttemptTimeout, bounds grpc-go's
+// retries within it too.
 package grpcidem

@@ -162,6 +162,7 @@ type clientConfig struct {
 	maxElapsed  time.Duration
 	backoffBase time.Duration
 	backoffMax  time.Duration
+	perAttempt  time.Duration // 0: none
 	hook        func(Attempt)
 }
 
@@ -224,6 +225,23 @@ func WithBackoff(base, max time.Duration) ClientOption {
 		panic(fmt.Sprintf("grpcidem: WithBackoff(%v, %v): base must be positive and max at least base", base, max))
 	}
 	return func(c *clientConfig) { c.backoffBase, c.backoffMax = base, max }
+}
+
+// WithPerAttemptTimeout gives each attempt of a protected call its own
+// deadline, d after it starts (or the call's, when that comes first), as
+// go-grpc-middleware's retry does with WithPerRetryTimeout: an attempt
+// that ends DeadlineExceeded because its own deadline passed, while the
+// call's context is still alive, is retried with the same key after the
+// backoff. That is safe because of the key: the server may still be
+// running the first attempt's handler, and the retry then gets Aborted
+// (the key in flight), waits, and gets its answer replayed; or the first
+// attempt released the key, and the retry runs it. Default none: an
+// attempt has the call's deadline only. d < 0 is invalid; 0 means none.
+func WithPerAttemptTimeout(d time.Duration) ClientOption {
+	if d < 0 {
+		panic(fmt.Sprintf("grpcidem: WithPerAttemptTimeout(%v): must not be negative", d))
+	}
+	return func(c *clientConfig) { c.perAttempt = d }
 }
 
 // WithAttemptHook sets a function called after every attempt of a
