@@ -146,7 +146,9 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 					Retry: retry && stop == nil, Wait: wait, Stop: stop,
 				})
 			}
-			if !retry || stop != nil || !sleep(ctx, wait) {
+			// A timer may fire late, past the deadline, before the
+			// context's own timer has ended it: no attempt starts then.
+			if !retry || stop != nil || !sleep(ctx, wait) || hasDeadline && !time.Now().Before(deadline) {
 				return err
 			}
 		}
@@ -235,7 +237,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+		return ctx.Err() == nil // select picks at random when both are ready
 	case <-ctx.Done():
 		return false
 	}

@@ -403,8 +403,10 @@ func TestClientRespectsDeadline(t *testing.T) {
 			return f.invoke(ctx, method, req, reply, cc, opts...)
 		}
 		err := grpcidem.UnaryClientInterceptor(grpcidem.WithMaxAttempts(1000), grpcidem.WithBackoff(20*time.Millisecond, 40*time.Millisecond))(ctx, createMethod, nil, nil, nil, invoke)
-		if err != unavailable || len(starts) < 2 || time.Now().After(deadline) {
-			t.Errorf("%v after %d attempts, want Unavailable, retries, and a return before the deadline", err, len(starts))
+		// A timer may fire late on a busy machine: the return is allowed
+		// a little past the deadline, an attempt's start is not.
+		if err != unavailable || len(starts) < 2 || time.Now().After(deadline.Add(100*time.Millisecond)) {
+			t.Errorf("%v after %d attempts, want Unavailable, retries, and a return by the deadline", err, len(starts))
 		}
 		for i, s := range starts {
 			if !s.Before(deadline) {
