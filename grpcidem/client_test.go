@@ -538,21 +538,23 @@ func TestBackoff(t *testing.T) {
 // TestOptionsPanic: invalid option values panic, naming the option.
 func TestOptionsPanic(t *testing.T) {
 	for name, f := range map[string]func(){
-		"WithKeyHeader empty":        func() { grpcidem.WithKeyHeader("") },
-		"WithKeyHeader grpc-":        func() { grpcidem.WithKeyHeader("grpc-key") },
-		"WithKeyHeader -bin":         func() { grpcidem.WithKeyHeader("key-bin") },
-		"WithKeyHeader space":        func() { grpcidem.WithKeyHeader("a key") },
-		"WithClientKeyHeader colon":  func() { grpcidem.WithClientKeyHeader(":key") },
-		"WithScope nil":              func() { grpcidem.WithScope(nil) },
-		"WithStoredCodes nil":        func() { grpcidem.WithStoredCodes(nil) },
-		"WithMethods none":           func() { grpcidem.WithMethods() },
-		"WithMethods short":          func() { grpcidem.WithMethods("Create") },
-		"WithClientMethods none":     func() { grpcidem.WithClientMethods() },
-		"WithMaxAttempts 0":          func() { grpcidem.WithMaxAttempts(0) },
-		"WithMaxElapsed negative":    func() { grpcidem.WithMaxElapsed(-1) },
-		"WithBackoff zero base":      func() { grpcidem.WithBackoff(0, time.Second) },
-		"WithBackoff max below base": func() { grpcidem.WithBackoff(time.Second, time.Millisecond) },
-		"nil middleware":             func() { grpcidem.UnaryServerInterceptor(nil) },
+		"WithKeyHeader empty":            func() { grpcidem.WithKeyHeader("") },
+		"WithKeyHeader grpc-":            func() { grpcidem.WithKeyHeader("grpc-key") },
+		"WithKeyHeader -bin":             func() { grpcidem.WithKeyHeader("key-bin") },
+		"WithKeyHeader space":            func() { grpcidem.WithKeyHeader("a key") },
+		"WithClientKeyHeader colon":      func() { grpcidem.WithClientKeyHeader(":key") },
+		"WithScope nil":                  func() { grpcidem.WithScope(nil) },
+		"WithStoredCodes nil":            func() { grpcidem.WithStoredCodes(nil) },
+		"WithMethods none":               func() { grpcidem.WithMethods() },
+		"WithMethods short":              func() { grpcidem.WithMethods("Create") },
+		"WithClientMethods none":         func() { grpcidem.WithClientMethods() },
+		"WithMaxAttempts 0":              func() { grpcidem.WithMaxAttempts(0) },
+		"WithMaxElapsed negative":        func() { grpcidem.WithMaxElapsed(-1) },
+		"WithBackoff zero base":          func() { grpcidem.WithBackoff(0, time.Second) },
+		"WithBackoff max below base":     func() { grpcidem.WithBackoff(time.Second, time.Millisecond) },
+		"WithPerAttemptTimeout negative": func() { grpcidem.WithPerAttemptTimeout(-time.Second) },
+		"WithMaxReply 0":                 func() { grpcidem.WithMaxReply(0) },
+		"nil middleware":                 func() { grpcidem.UnaryServerInterceptor(nil) },
 	} {
 		func() {
 			defer func() {

@@ -81,8 +81,8 @@
 //	                                               try again
 //	the key was used with another request         FailedPrecondition, ReasonMismatch
 //	the key completed, its response was not       FailedPrecondition, ReasonNotReplayable
-//	  kept (larger than idem.WithMaxResponseBody,
-//	  or not recordable): it is not run again
+//	  kept (larger than WithMaxReply, or not
+//	  recordable): it is not run again
 //	the key is invalid or sent twice              InvalidArgument, ReasonInvalidKey
 //	the key is missing (WithRequireKey)           InvalidArgument, ReasonMissingKey
 //	the store is unavailable                      Unavailable, ReasonStoreUnavailable, with
@@ -102,9 +102,13 @@
 // # The record
 //
 // What the store keeps for a call is the result of Do, which the core
-// wraps in its own record (with its checksum). Its size, the response and
-// the metadata together, is bounded by idem.WithMaxResponseBody (1 MiB by
-// default). It is this package's own encoding, binary and versioned by its
+// wraps in its own record (with its checksum). Its size is bounded by
+// [WithMaxReply]: the message (the response, or the status with its
+// details) to 4 MiB by default, gRPC's default limit on the messages a
+// client receives, and the rest (the metadata, the type name, the
+// lengths) to 64 KiB beside it; idem.WithMaxResponseBody, HTTP's bound,
+// does not apply. A larger reply reaches its caller and leaves the key
+// done, not replayable. It is this package's own encoding, binary and versioned by its
 // first byte; every length and count is an unsigned varint in its
 // shortest form (encoding/binary's AppendUvarint):
 //

@@ -55,7 +55,7 @@ func TestRefusalsCarryErrorInfo(t *testing.T) {
 	var corrupt atomic.Bool
 	var fs *failingStore
 	e := start(t, setup{store: "memory", network: "bufconn", handler: handler,
-		idem: []idem.Option{idem.WithMaxResponseBody(1024)},
+		server: []grpcidem.Option{grpcidem.WithMaxReply(1024)},
 		wrapStore: func(st storage.Store) storage.Store {
 			fs = &failingStore{Store: &corruptingStore{Store: st, on: &corrupt}}
 			return fs

@@ -65,8 +65,8 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		case len(keys) > 1:
 			return nil, refusal(ctx, &idem.Error{Kind: idem.ErrInvalidKey, Status: http.StatusBadRequest, Detail: msgMultipleKeys})
 		}
-		var a [2]idem.CallOption
-		callOpts := a[:0]
+		var a [3]idem.CallOption
+		callOpts := append(a[:0], idem.WithCallMaxResult(cfg.maxReply+replyRoom))
 		if scope := cfg.scope(ctx); scope != "" {
 			callOpts = append(callOpts, idem.WithCallScope(scope))
 		}
@@ -81,7 +81,7 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 			}
 			callOpts = append(callOpts, idem.WithCallFingerprint(fp))
 		}
-		c := &call{stored: cfg.stored, handler: handler, req: req}
+		c := &call{stored: cfg.stored, maxReply: cfg.maxReply, handler: handler, req: req}
 		c.rec.inner = grpc.ServerTransportStreamFromContext(ctx)
 		out, err := m.Do(grpc.NewContextWithServerTransportStream(ctx, &c.rec), info.FullMethod, keys[0], c.run, callOpts...)
 		switch {
@@ -96,10 +96,11 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 
 // call is one protected call whose handler may run.
 type call struct {
-	stored  func(codes.Code) bool
-	handler grpc.UnaryHandler
-	req     any
-	rec     recorder
+	stored   func(codes.Code) bool
+	maxReply int
+	handler  grpc.UnaryHandler
+	req      any
+	rec      recorder
 
 	// What the handler returned, when it ran.
 	ran  bool
@@ -124,6 +125,9 @@ func (c *call) run(ctx context.Context) ([]byte, error) {
 			return nil, c.err
 		}
 		r.status = st.Proto()
+		if deterministic.Size(r.status) > c.maxReply {
+			return notKept(ctx)
+		}
 	} else {
 		msg, ok := c.resp.(proto.Message)
 		if !ok {
@@ -132,6 +136,9 @@ func (c *call) run(ctx context.Context) ([]byte, error) {
 		r.typeName, r.response = msg.ProtoReflect().Descriptor().FullName(), msg
 		if _, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName); err != nil {
 			return notKept(ctx) // a replay could not make one
+		}
+		if deterministic.Size(msg) > c.maxReply {
+			return notKept(ctx)
 		}
 	}
 	r.header, r.trailer = c.rec.taken()
