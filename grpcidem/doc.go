@@ -55,6 +55,13 @@
 // as a replay's: a replay of a message with maps is the same message
 // (proto.Equal), not the same bytes.
 //
+// A handler that returns neither a reply nor an error, (nil, nil), has
+// completed: grpc-go sends its caller an empty message (OK, no bytes),
+// and the record keeps that answer, as a google.protobuf.Empty, whose
+// bytes are the same (none): a retry gets the same empty message,
+// replayed, which decodes into the method's reply type, and the handler
+// does not run again.
+//
 // A status the handler returns is stored or released by [DefaultStored]
 // ([WithStoredCodes] replaces it): InvalidArgument, NotFound,
 // AlreadyExists, FailedPrecondition, PermissionDenied, OutOfRange,

@@ -62,10 +62,6 @@ const (
 	// (corrupt, or of a message type this program does not know); the
 	// handler is not run again. Internal. idem.ErrCorruptRecord.
 	ReasonCorruptRecord = "IDEMPOTENT_RESPONSE_UNREADABLE"
-	// ReasonNilReply: the handler returned neither a reply nor an error;
-	// Internal. The answer is stored: a retry gets it again, replayed, and
-	// the handler does not run again.
-	ReasonNilReply = "IDEMPOTENT_HANDLER_NIL_REPLY"
 	// ReasonRequestNotComparable: the request cannot be compared with the
 	// first one (it is not a protocol buffer message, or does not
 	// marshal); Internal, a programming error (see WithoutFingerprint).

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // The messages of the statuses the interceptor answers with. None holds
@@ -130,6 +131,11 @@ func (c *call) run(ctx context.Context) ([]byte, error) {
 		}
 	} else {
 		msg, ok := c.resp.(proto.Message)
+		if c.resp == nil {
+			// grpc-go sends a nil reply as an empty message (no bytes):
+			// kept as an Empty, whose bytes are the same.
+			msg, ok = nilReply, true
+		}
 		if !ok {
 			return notKept(ctx)
 		}
@@ -148,6 +154,9 @@ func (c *call) run(ctx context.Context) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// nilReply is what a nil reply is recorded as: a message of no bytes.
+var nilReply = new(emptypb.Empty)
 
 // notKept keeps the key done, not replayable: the handler ran, and its
 // answer, sent to its caller as it is, cannot be recorded.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem/grpcidem"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -67,5 +68,27 @@ func TestWithMaxReply(t *testing.T) {
 		case !c.kept && (a.code() != codes.FailedPrecondition || grpcidem.Reason(a.err) != grpcidem.ReasonNotReplayable || !strings.Contains(a.err.Error(), "not kept")):
 			t.Errorf("%d bytes, the retry: %v, want FailedPrecondition, %s", c.size, a, grpcidem.ReasonNotReplayable)
 		}
+	}
+}
+
+// TestNilReply: a handler that returns neither a reply nor an error
+// completed; grpc-go sends its caller an empty message (OK, no bytes),
+// and a retry gets the same, replayed, without a second run.
+func TestNilReply(t *testing.T) {
+	e := start(t, setup{store: "memory", network: "bufconn", handler: func(context.Context, *structpb.Struct) (proto.Message, error) {
+		return nil, nil
+	}})
+	key := "nil-" + randomHex()
+	first := e.call(testCtx(t), createMethod, key, order("book", 1))
+	if first.err != nil || len(first.raw) != 0 || first.replayed() {
+		t.Errorf("the first call: %v, want OK and an empty message, as grpc-go sends a nil reply", first)
+	}
+	again := e.call(testCtx(t), createMethod, key, order("book", 1))
+	if again.err != nil || len(again.raw) != 0 || !again.replayed() || e.runs() != 1 {
+		t.Errorf("the retry: %v after %d runs, want the same empty message replayed, 1 run", again, e.runs())
+	}
+	var typed wrapperspb.StringValue // the method's own reply type decodes it
+	if err := e.conn.Invoke(metadata.AppendToOutgoingContext(testCtx(t), grpcidem.DefaultKeyHeader, key), createMethod, order("book", 1), &typed); err != nil || typed.GetValue() != "" {
+		t.Errorf("the retry into the reply's type: %v, %v", &typed, err)
 	}
 }
