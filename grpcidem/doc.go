@@ -22,6 +22,15 @@
 //
 // # The server interceptor
 //
+// One Middleware may serve HTTP and gRPC. Its options of the protocol
+// (idem.WithTTL, WithLease, WithWait, WithFailOpen, WithObserver) apply
+// to gRPC calls; its options of HTTP requests (WithHeader, WithMethods,
+// WithRequireKey, WithScope, WithFingerprint, WithoutFingerprint,
+// WithCacheable, WithMaxRequestBody, WithMaxResponseBody,
+// WithErrorWriter, WithOmitHeaders, WithRebuild, WithKey, WithIssuedKeys)
+// do not: [UnaryServerInterceptor]'s documentation names the twin of
+// each in this package.
+//
 // [UnaryServerInterceptor] takes the key from the call's incoming
 // metadata, "idempotency-key" ([WithKeyHeader]). A call without it passes
 // through unprotected ([WithRequireKey]: InvalidArgument instead). The key

@@ -33,11 +33,28 @@ const (
 // unary calls idempotent on m: the handler of a call carrying a key runs
 // once, across every process sharing m's store, and every retry gets its
 // answer again. See the package documentation for what it does, in
-// which order, and how it answers. m's options apply: WithLease, WithTTL,
-// WithWait, WithFailOpen, WithObserver and WithMaxResponseBody (a bound
-// on the record); its options of requests (header, methods, scope,
-// fingerprint, cacheable statuses) do not: this interceptor's options
-// take their places. It panics when m is nil or an option is invalid.
+// which order, and how it answers. It panics when m is nil or an option
+// is invalid.
+//
+// One Middleware may serve HTTP and gRPC alike. Of m's options, those of
+// the protocol apply to gRPC calls: idem.WithTTL, WithLease, WithWait,
+// WithFailOpen and WithObserver (a call's events have its full method as
+// Route and an empty Method). Those of HTTP requests are ignored here,
+// and this interceptor's options take their places:
+//
+//	idem option                          grpcidem twin
+//	WithHeader                           WithKeyHeader
+//	WithRequireKey                       WithRequireKey
+//	WithMethods (HTTP methods)           WithMethods (full method names)
+//	WithScope                            WithScope
+//	WithFingerprint, WithoutFingerprint  WithoutFingerprint (the request message is compared)
+//	WithCacheable                        WithStoredCodes
+//	WithMaxResponseBody                  WithMaxReply
+//	WithMaxRequestBody                   none: grpc.MaxRecvMsgSize bounds requests
+//	WithErrorWriter                      none: refusals are statuses with an ErrorInfo
+//	WithOmitHeaders                      none: all the metadata the handler set is kept
+//	WithRebuild                          none: a reply not kept is refused, ReasonNotReplayable
+//	WithKey, WithIssuedKeys              none: the key is the metadata's, as it stands
 //
 // Put it after the interceptors that authenticate (so that the scope can
 // name the principal), log and recover from panics, in

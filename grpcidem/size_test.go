@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/grpcidem"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -90,5 +91,33 @@ func TestNilReply(t *testing.T) {
 	var typed wrapperspb.StringValue // the method's own reply type decodes it
 	if err := e.conn.Invoke(metadata.AppendToOutgoingContext(testCtx(t), grpcidem.DefaultKeyHeader, key), createMethod, order("book", 1), &typed); err != nil || typed.GetValue() != "" {
 		t.Errorf("the retry into the reply's type: %v, %v", &typed, err)
+	}
+}
+
+// TestRootRequestOptionsIgnored: one Middleware may serve HTTP and gRPC;
+// its options of HTTP requests do not apply to gRPC calls, whose
+// interceptor has its own twins: idem.WithRequireKey (a call without a
+// key still passes), WithHeader (the key is still idempotency-key),
+// WithMethods and WithCacheable (the call is still protected and stored),
+// WithoutFingerprint (another request is still refused) and
+// WithMaxResponseBody (a reply larger still is kept).
+func TestRootRequestOptionsIgnored(t *testing.T) {
+	e := start(t, setup{store: "memory", network: "bufconn", handler: bigHandler, idem: []idem.Option{
+		idem.WithRequireKey(), idem.WithHeader("X-Key"), idem.WithMethods("PUT"),
+		idem.WithCacheable(func(int) bool { return false }), idem.WithoutFingerprint(), idem.WithMaxResponseBody(16),
+	}})
+	if a := e.call(testCtx(t), createMethod, "", sized(64)); a.err != nil {
+		t.Errorf("a call without a key: %v, want it to pass", a)
+	}
+	key := "root-" + randomHex()
+	e.call(testCtx(t), createMethod, key, sized(64))
+	if a := e.call(testCtx(t), createMethod, key, sized(64)); a.err != nil || !a.replayed() || len(a.raw) < 64 {
+		t.Errorf("the retry: %v, want a replay of 64 bytes", a)
+	}
+	if a := e.call(testCtx(t), createMethod, key, sized(65)); grpcidem.Reason(a.err) != grpcidem.ReasonMismatch {
+		t.Errorf("another request: %v, want %s", a, grpcidem.ReasonMismatch)
+	}
+	if e.runs() != 2 {
+		t.Errorf("the handler ran %d times, want 2", e.runs())
 	}
 }
