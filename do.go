@@ -32,8 +32,8 @@ import (
 //
 //   - fn returns a result and a nil error: Do stores a copy of the result
 //     and returns it as it is. A result larger than WithMaxResponseBody
-//     is returned but stored as not replayable: later calls get
-//     ErrNotReplayable. fn must not be nil.
+//     (or the call's WithCallMaxResult) is returned but stored as not
+//     replayable: later calls get ErrNotReplayable. fn must not be nil.
 //   - fn returns an error: nothing is stored, the key is released (a
 //     later call runs fn again) and Do returns fn's error as it is. Return
 //     a nil error with a result that says what failed for a failure that
@@ -104,7 +104,10 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 	res, o, e := m.acquire(ctx, op, skey, owner, fp, false)
 	switch o {
 	case Executed:
-		x := &execution{finish: finish{m: m, caller: ctx, route: op, start: start, skey: skey, owner: owner}}
+		x := &execution{finish: finish{m: m, caller: ctx, route: op, start: start, skey: skey, owner: owner}, maxResult: m.cfg.maxResp}
+		if c.maxResult > 0 {
+			x.maxResult = c.maxResult
+		}
 		x.ctx.set(ctx, Info{Key: key, Owner: owner, Protected: true, StorageKey: skey}, m.cfg.ttl)
 		x.run(op, nil, fn)
 		if x.err != nil {
@@ -140,6 +143,7 @@ type CallOption func(*callConfig)
 type callConfig struct {
 	scope, fingerprint    string
 	scoped, fingerprinted bool
+	maxResult             int // 0: WithMaxResponseBody's
 }
 
 // WithCallScope keeps the call's record apart for one principal, as a
@@ -160,4 +164,14 @@ func WithCallScope(scope string) CallOption {
 // A call without it has no fingerprint: it matches only calls without one.
 func WithCallFingerprint(fingerprint []byte) CallOption {
 	return func(c *callConfig) { c.fingerprint, c.fingerprinted = string(fingerprint), true }
+}
+
+// WithCallMaxResult bounds the result of the call's fn that is stored, in
+// place of WithMaxResponseBody (the bound of HTTP responses): a larger
+// result is returned to the caller but stored as not replayable, as
+// Do's documentation says. For a transport whose answers are bounded
+// otherwise (grpcidem keeps gRPC's replies up to its own WithMaxReply).
+// n < 1 leaves WithMaxResponseBody's bound.
+func WithCallMaxResult(n int) CallOption {
+	return func(c *callConfig) { c.maxResult = max(n, 0) }
 }

@@ -277,6 +277,34 @@ func TestDoResultTooLarge(t *testing.T) {
 	}
 }
 
+// WithCallMaxResult bounds the call's stored result in place of
+// WithMaxResponseBody, larger or smaller.
+func TestDoCallMaxResult(t *testing.T) {
+	m, _ := newDoMiddleware(t, idem.WithMaxResponseBody(8))
+	for _, c := range []struct {
+		key  string
+		max  int
+		kept bool
+	}{{"larger", 16, true}, {"smaller", 4, false}, {"none", 0, false}} {
+		var runs atomic.Int32
+		fn := func(context.Context) ([]byte, error) { runs.Add(1); return []byte("0123456789"), nil }
+		for i := range 2 {
+			res, err := m.Do(context.Background(), "op", c.key, fn, idem.WithCallMaxResult(c.max))
+			switch {
+			case i == 0 && (err != nil || string(res) != "0123456789"):
+				t.Errorf("%s: first: %q %v", c.key, res, err)
+			case i == 1 && c.kept && (err != nil || string(res) != "0123456789"):
+				t.Errorf("%s: again: %q %v, want the stored result", c.key, res, err)
+			case i == 1 && !c.kept && !errors.Is(err, idem.ErrNotReplayable):
+				t.Errorf("%s: again: %q %v, want ErrNotReplayable", c.key, res, err)
+			}
+		}
+		if runs.Load() != 1 {
+			t.Errorf("%s: fn ran %d times", c.key, runs.Load())
+		}
+	}
+}
+
 // A call whose context ends while it waits for the one in flight gets
 // ErrCanceled, and is not a store failure.
 func TestDoCanceledWait(t *testing.T) {

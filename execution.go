@@ -33,9 +33,10 @@ type execution struct {
 	r  *http.Request
 	cw *httprec.Capture
 
-	// What Do's function returned.
-	result []byte
-	err    error
+	// What Do's function returned, and the largest result it stores.
+	result    []byte
+	err       error
+	maxResult int
 }
 
 // run runs the handler, next for a request or fn for Do, under the lease
@@ -104,7 +105,7 @@ func (e *execution) end(perr *PanicError) {
 		}
 	case cw == nil:
 		rec := httprec.Record{Status: http.StatusOK, Body: e.result}
-		e.keep(&rec, len(e.result) <= e.m.cfg.maxResp, 0, true, nil)
+		e.keep(&rec, len(e.result) <= e.maxResult, 0, true, nil)
 	case perr != nil && (cw.Sent() || marked):
 		// The status line at least has gone out (or the handler said its
 		// work is done): the recovery middleware outside cannot answer

@@ -65,7 +65,8 @@ func invalid(format string, args ...any) error {
 }
 
 // WithHeader sets the request header that carries the idempotency key.
-// Default "Idempotency-Key". An empty name is invalid.
+// Default "Idempotency-Key". An empty name is invalid. grpcidem ignores it
+// (its twin: grpcidem.WithKeyHeader).
 func WithHeader(name string) Option {
 	return func(c *config) error {
 		if name == "" || strings.ContainsAny(name, " \t\r\n:") {
@@ -79,6 +80,7 @@ func WithHeader(name string) Option {
 // WithMethods sets the HTTP methods the middleware protects; requests with
 // other methods pass through untouched. Default POST and PATCH. Safe
 // methods (GET, HEAD, OPTIONS, TRACE) and an empty list are invalid.
+// grpcidem ignores it (its twin: grpcidem.WithMethods).
 func WithMethods(methods ...string) Option {
 	return func(c *config) error {
 		if len(methods) == 0 {
@@ -99,6 +101,7 @@ func WithMethods(methods ...string) Option {
 
 // WithRequireKey answers 400 (ErrMissingKey) to a protected request that
 // carries no key. By default such a request passes through unprotected.
+// grpcidem ignores it (its twin: grpcidem.WithRequireKey).
 func WithRequireKey() Option {
 	return func(c *config) error { c.requireKey = true; return nil }
 }
@@ -178,7 +181,8 @@ func AuthorizationScope(r *http.Request) string { return r.Header.Get("Authoriza
 // request and its complete body and returns the identifying data, which is
 // hashed. A retry whose data differs from the first request's gets 422
 // (ErrMismatch). The default covers method, path, query, Content-Type and
-// body (none with WithKey). A nil function is invalid.
+// body (none with WithKey). A nil function is invalid. grpcidem ignores
+// it (it compares the request message; grpcidem.WithoutFingerprint).
 func WithFingerprint(fn func(r *http.Request, body []byte) string) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -191,7 +195,8 @@ func WithFingerprint(fn func(r *http.Request, body []byte) string) Option {
 
 // WithoutFingerprint turns the request comparison off: any request with a
 // known key gets the stored response. The body is still read first and
-// bounded by WithMaxRequestBody.
+// bounded by WithMaxRequestBody. grpcidem ignores it (its twin:
+// grpcidem.WithoutFingerprint).
 func WithoutFingerprint() Option {
 	return func(c *config) error { c.fingerprint, c.noFP, c.fpSet = nil, true, true; return nil }
 }
@@ -199,7 +204,8 @@ func WithoutFingerprint() Option {
 // WithMaxRequestBody bounds the request body, which is read in full before
 // the key is locked so that it can be fingerprinted (and so a slow client
 // never holds a key). A larger body gets 413 (ErrBodyTooLarge) without
-// being read past the limit. Default 1 MiB; must be positive.
+// being read past the limit. Default 1 MiB; must be positive. grpcidem
+// ignores it (gRPC's grpc.MaxRecvMsgSize bounds requests).
 func WithMaxRequestBody(n int64) Option {
 	return func(c *config) error {
 		if n <= 0 {
@@ -213,7 +219,8 @@ func WithMaxRequestBody(n int64) Option {
 // WithMaxResponseBody bounds the response body kept for replay. A larger
 // response is still sent whole to its client, then recorded as done but
 // not replayable: retries get 409 (ErrNotReplayable) and the handler does
-// not run again. Default 1 MiB; must be positive.
+// not run again. Default 1 MiB; must be positive. It bounds Do's results
+// too; grpcidem ignores it (its twin: grpcidem.WithMaxReply, 4 MiB).
 func WithMaxResponseBody(n int) Option {
 	return func(c *config) error {
 		if n <= 0 {
@@ -226,7 +233,8 @@ func WithMaxResponseBody(n int) Option {
 
 // WithCacheable decides which final statuses are stored and replayed. For
 // the others the key is released so that a retry runs the handler again.
-// Default [DefaultCacheable]. A nil function is invalid.
+// Default [DefaultCacheable]. A nil function is invalid. grpcidem ignores
+// it (its twin: grpcidem.WithStoredCodes).
 func WithCacheable(fn func(status int) bool) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -259,7 +267,7 @@ func WithFailOpen() Option {
 }
 
 // WithErrorWriter replaces [WriteProblem], the writer of refusals. A nil
-// writer is invalid.
+// writer is invalid. grpcidem ignores it (its refusals are statuses).
 func WithErrorWriter(fn ErrorWriter) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -293,7 +301,8 @@ func WithObserver(fn func(Event)) Option {
 // since a session cookie minted for one response should not be handed out
 // again from the store. Call it with no names to store Set-Cookie too.
 // Hop-by-hop headers, Date and Content-Length are never stored, whatever
-// this list says.
+// this list says. grpcidem ignores it (it keeps all the metadata a
+// handler set).
 func WithOmitHeaders(names ...string) Option {
 	return func(c *config) error {
 		c.omit = make(map[string]bool, len(names))
@@ -317,7 +326,7 @@ func WithOmitHeaders(names ...string) Option {
 // StorageKey; Protected is false: no lease is held, and fn must not change
 // anything). The response carries Idempotent-Replayed: true, is not
 // stored (fn runs for each such retry), and the observer gets a Rebuilt
-// event. Default none; a nil function is invalid.
+// event. Default none; a nil function is invalid. grpcidem ignores it.
 func WithRebuild(fn func(w http.ResponseWriter, r *http.Request) bool) Option {
 	return func(c *config) error {
 		if fn == nil {

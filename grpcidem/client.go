@@ -85,9 +85,12 @@ func NewKey() string {
 //
 // A call whose outgoing metadata already carries the key keeps it (a key
 // saved with a job, so that a restart resends the same one); any other
-// gets a new one ([NewKey]). The call returns its last attempt's answer:
-// the response, or its status error as the server or the connection gave
-// it. The key is never logged nor put in an error.
+// gets a new one ([NewKey]). It retries Unavailable, idem's in-flight
+// Aborted (the ErrorInfo of [ReasonInFlight] in [Domain], never an
+// application's own Aborted) and, with [WithPerAttemptTimeout], an
+// attempt that ran out of its own deadline. The call returns its last
+// attempt's answer: the response, or its status error as the server or
+// the connection gave it. The key is never logged nor put in an error.
 func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 	cfg := defaultClientConfig()
 	for _, o := range opts {
@@ -113,11 +116,12 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 		for n := 1; ; n++ {
 			header, trailer = nil, nil
 			began := time.Now()
-			err := invoker(ctx, method, req, reply, cc, all...)
+			timedOut, err := cfg.attempt(ctx, method, req, reply, cc, invoker, all)
 			ended := time.Now()
 			code := status.Code(err)
 			replayed := isReplayed(header)
-			retry := !replayed && (code == codes.Unavailable || code == codes.Aborted) && ctx.Err() == nil
+			retry := !replayed && ctx.Err() == nil &&
+				(code == codes.Unavailable || code == codes.Aborted && Reason(err) == ReasonInFlight || timedOut)
 			var (
 				wait time.Duration
 				stop error
@@ -142,11 +146,27 @@ func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 					Retry: retry && stop == nil, Wait: wait, Stop: stop,
 				})
 			}
-			if !retry || stop != nil || !sleep(ctx, wait) {
+			// A timer may fire late, past the deadline, before the
+			// context's own timer has ended it: no attempt starts then.
+			if !retry || stop != nil || !sleep(ctx, wait) || hasDeadline && !time.Now().Before(deadline) {
 				return err
 			}
 		}
 	}
+}
+
+// attempt makes one attempt, under the per-attempt timeout when there is
+// one: timedOut reports that the attempt ended DeadlineExceeded because
+// its own deadline passed, not the call's.
+func (c *clientConfig) attempt(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) (timedOut bool, err error) {
+	if c.perAttempt <= 0 {
+		return false, invoker(ctx, method, req, reply, cc, opts...)
+	}
+	actx, cancel := context.WithTimeout(ctx, c.perAttempt)
+	defer cancel()
+	err = invoker(actx, method, req, reply, cc, opts...)
+	timedOut = status.Code(err) == codes.DeadlineExceeded && errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	return timedOut, err
 }
 
 // isReplayed reports whether header marks a replay.
@@ -217,7 +237,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+		return ctx.Err() == nil // select picks at random when both are ready
 	case <-ctx.Done():
 		return false
 	}

@@ -22,6 +22,15 @@
 //
 // # The server interceptor
 //
+// One Middleware may serve HTTP and gRPC. Its options of the protocol
+// (idem.WithTTL, WithLease, WithWait, WithFailOpen, WithObserver) apply
+// to gRPC calls; its options of HTTP requests (WithHeader, WithMethods,
+// WithRequireKey, WithScope, WithFingerprint, WithoutFingerprint,
+// WithCacheable, WithMaxRequestBody, WithMaxResponseBody,
+// WithErrorWriter, WithOmitHeaders, WithRebuild, WithKey, WithIssuedKeys)
+// do not: [UnaryServerInterceptor]'s documentation names the twin of
+// each in this package.
+//
 // [UnaryServerInterceptor] takes the key from the call's incoming
 // metadata, "idempotency-key" ([WithKeyHeader]). A call without it passes
 // through unprotected ([WithRequireKey]: InvalidArgument instead). The key
@@ -55,6 +64,13 @@
 // as a replay's: a replay of a message with maps is the same message
 // (proto.Equal), not the same bytes.
 //
+// A handler that returns neither a reply nor an error, (nil, nil), has
+// completed: grpc-go sends its caller an empty message (OK, no bytes),
+// and the record keeps that answer, as a google.protobuf.Empty, whose
+// bytes are the same (none): a retry gets the same empty message,
+// replayed, which decodes into the method's reply type, and the handler
+// does not run again.
+//
 // A status the handler returns is stored or released by [DefaultStored]
 // ([WithStoredCodes] replaces it): InvalidArgument, NotFound,
 // AlreadyExists, FailedPrecondition, PermissionDenied, OutOfRange,
@@ -69,29 +85,46 @@
 // key done but not replayable.
 //
 // The interceptor refuses a call with a status whose message says what
-// happened, never with the key:
+// happened, never with the key, and whose google.rpc.ErrorInfo detail
+// (AIP-193: domain [Domain], "github.com/idemkit/idem") names the case
+// with a stable reason, the one thing a program should compare: [Reason]
+// returns it ("" for a status that is not idem's, such as the
+// application's own Aborted or FailedPrecondition).
 //
-//	the key is in flight in another call         Aborted, with a google.rpc.RetryInfo
-//	  (see idem.WithWait to wait for it instead)   detail and retry-after header metadata
-//	                                               (whole seconds): when to try again
-//	the key was used with another request         FailedPrecondition
-//	the key completed, its response was not       FailedPrecondition
-//	  kept (larger than idem.WithMaxResponseBody,
-//	  or not recordable): it is not run again
-//	the key is invalid, sent twice, or missing    InvalidArgument
-//	  (WithRequireKey)
-//	the store is unavailable                      Unavailable, with RetryInfo and retry-after;
-//	                                               the handler does not run (with
-//	                                               idem.WithFailOpen it runs unprotected)
-//	the call's context ended before it ran        Canceled or DeadlineExceeded, as the context
-//	the record cannot be read                     Internal
+//	the key is in flight in another call         Aborted, ReasonInFlight, with a
+//	  (see idem.WithWait to wait for it instead)   google.rpc.RetryInfo detail and retry-after
+//	                                               header metadata (whole seconds): when to
+//	                                               try again
+//	the key was used with another request         FailedPrecondition, ReasonMismatch
+//	the key completed, its response was not       FailedPrecondition, ReasonNotReplayable
+//	  kept (larger than WithMaxReply, or not
+//	  recordable): it is not run again
+//	the key is invalid or sent twice              InvalidArgument, ReasonInvalidKey
+//	the key is missing (WithRequireKey)           InvalidArgument, ReasonMissingKey
+//	the store is unavailable                      Unavailable, ReasonStoreUnavailable, with
+//	                                               RetryInfo and retry-after; the handler does
+//	                                               not run (with idem.WithFailOpen it runs
+//	                                               unprotected)
+//	the call's context ended before it ran        Canceled or DeadlineExceeded, as the context,
+//	                                               ReasonCanceled
+//	the record cannot be read                     Internal, ReasonCorruptRecord
+//	the request is not a protocol buffer          Internal, ReasonRequestNotComparable
+//	  message (see WithoutFingerprint)
+//	any other refusal of the core (a kind of      by its HTTP status: 503 Unavailable, other
+//	  idem error this version does not know)       5xx Internal, 400 InvalidArgument, 429
+//	                                               ResourceExhausted, other 4xx
+//	                                               FailedPrecondition; ReasonRefused
 //
 // # The record
 //
 // What the store keeps for a call is the result of Do, which the core
-// wraps in its own record (with its checksum). Its size, the response and
-// the metadata together, is bounded by idem.WithMaxResponseBody (1 MiB by
-// default). It is this package's own encoding, binary and versioned by its
+// wraps in its own record (with its checksum). Its size is bounded by
+// [WithMaxReply]: the message (the response, or the status with its
+// details) to 4 MiB by default, gRPC's default limit on the messages a
+// client receives, and the rest (the metadata, the type name, the
+// lengths) to 64 KiB beside it; idem.WithMaxResponseBody, HTTP's bound,
+// does not apply. A larger reply reaches its caller and leaves the key
+// done, not replayable. It is this package's own encoding, binary and versioned by its
 // first byte; every length and count is an unsigned varint in its
 // shortest form (encoding/binary's AppendUvarint):
 //
@@ -124,11 +157,16 @@
 //	idempotent-replayed: true in the header (any     returned: the first run's answer
 //	  status)
 //	OK                                               returned
-//	Aborted (the key in flight), Unavailable (the    waits the server's delay (RetryInfo, else
-//	  store down, the connection broken: the call      retry-after), else the backoff; retries
-//	  may or may not have reached the server)          with the same key
-//	FailedPrecondition, InvalidArgument, and every   returned, never retried
-//	  other status
+//	Aborted with idem's ErrorInfo, ReasonInFlight    waits the server's delay (RetryInfo, else
+//	  (the key in flight), Unavailable (the store      retry-after), else the backoff; retries
+//	  down, the connection broken: the call may or     with the same key
+//	  may not have reached the server)
+//	DeadlineExceeded of the attempt's own deadline   waits the backoff; retries with the same key
+//	  (WithPerAttemptTimeout), the call's context
+//	  still alive
+//	an application's own Aborted (no ErrorInfo of    returned, never retried
+//	  idem's), FailedPrecondition, InvalidArgument,
+//	  and every other status
 //	the context ended                                returned, never retried
 //
 // A retry waits the server's delay plus up to a tenth of it, or an
@@ -141,4 +179,16 @@
 // and a wait that the context cuts short returns it too. [WithAttemptHook]
 // sees every attempt, for logs and metrics; an [Attempt] never holds the
 // key.
+//
+// grpc-go's own retries (a retryPolicy in the service config) compose
+// with the interceptor: they happen inside each of its attempts, below
+// it, and resend the call's metadata as it was, so the key is kept. But a
+// retryPolicy retries the codes it names whoever produced them: one that
+// names Aborted retries an application's own Aborted too, and does not
+// wait the delay idem asks for (it follows its own backoff). Leave
+// Aborted out of retryPolicy's retryableStatusCodes and let this
+// interceptor retry idem's Aborted, or use the interceptor alone
+// (WithMaxAttempts bounds its attempts, not grpc-go's within them).
+// Each attempt's deadline, with WithPerAttemptTimeout, bounds grpc-go's
+// retries within it too.
 package grpcidem

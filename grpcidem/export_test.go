@@ -39,3 +39,6 @@ func Backoff(base, max time.Duration, n int, delay time.Duration) time.Duration 
 	c.backoffBase, c.backoffMax = base, max
 	return c.wait(n, delay)
 }
+
+// Refusal is refusal, for the tests.
+var Refusal = refusal

@@ -37,10 +37,38 @@ type config struct {
 	noFP       bool
 	stored     func(codes.Code) bool
 	methods    map[string]bool // nil: every method
+	maxReply   int
 }
 
 func defaultConfig() config {
-	return config{header: DefaultKeyHeader, scope: AuthorizationScope, stored: DefaultStored}
+	return config{header: DefaultKeyHeader, scope: AuthorizationScope, stored: DefaultStored, maxReply: DefaultMaxReply}
+}
+
+// DefaultMaxReply is the default of [WithMaxReply]: 4 MiB, gRPC's
+// default limit on the messages a client receives (MaxCallRecvMsgSize),
+// so that every reply a client with default settings can receive is kept.
+const DefaultMaxReply = 4 << 20
+
+// replyRoom is what a record may hold beside its message: the metadata
+// the handler set, the message's type name, the lengths.
+const replyRoom = 64 << 10
+
+// WithMaxReply bounds the replies that are kept for replay: a reply whose
+// message, marshalled, is larger than n bytes (the response, or the
+// status with its details), or whose metadata and type name take more
+// than 64 KiB beside it, reaches its caller as usual, and the key is kept
+// done, not replayable: a retry gets FailedPrecondition,
+// [ReasonNotReplayable], and the handler does not run again. It takes the
+// place, for gRPC's replies, of idem.WithMaxResponseBody, the bound of
+// HTTP responses (1 MiB by default), which does not apply here. Default
+// [DefaultMaxReply], 4 MiB; set it to the server's grpc.MaxSendMsgSize,
+// or the clients' MaxCallRecvMsgSize, when those are raised. n < 1 is
+// invalid.
+func WithMaxReply(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("grpcidem: WithMaxReply(%d): must be positive", n))
+	}
+	return func(c *config) { c.maxReply = n }
 }
 
 // WithKeyHeader sets the metadata key that carries the idempotency key;
@@ -162,6 +190,7 @@ type clientConfig struct {
 	maxElapsed  time.Duration
 	backoffBase time.Duration
 	backoffMax  time.Duration
+	perAttempt  time.Duration // 0: none
 	hook        func(Attempt)
 }
 
@@ -224,6 +253,23 @@ func WithBackoff(base, max time.Duration) ClientOption {
 		panic(fmt.Sprintf("grpcidem: WithBackoff(%v, %v): base must be positive and max at least base", base, max))
 	}
 	return func(c *clientConfig) { c.backoffBase, c.backoffMax = base, max }
+}
+
+// WithPerAttemptTimeout gives each attempt of a protected call its own
+// deadline, d after it starts (or the call's, when that comes first), as
+// go-grpc-middleware's retry does with WithPerRetryTimeout: an attempt
+// that ends DeadlineExceeded because its own deadline passed, while the
+// call's context is still alive, is retried with the same key after the
+// backoff. That is safe because of the key: the server may still be
+// running the first attempt's handler, and the retry then gets Aborted
+// (the key in flight), waits, and gets its answer replayed; or the first
+// attempt released the key, and the retry runs it. Default none: an
+// attempt has the call's deadline only. d < 0 is invalid; 0 means none.
+func WithPerAttemptTimeout(d time.Duration) ClientOption {
+	if d < 0 {
+		panic(fmt.Sprintf("grpcidem: WithPerAttemptTimeout(%v): must not be negative", d))
+	}
+	return func(c *clientConfig) { c.perAttempt = d }
 }
 
 // WithAttemptHook sets a function called after every attempt of a

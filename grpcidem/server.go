@@ -3,18 +3,16 @@ package grpcidem
 import (
 	"context"
 	"errors"
-	"strconv"
-	"time"
+	"net/http"
 
 	"github.com/idemkit/idem"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // The messages of the statuses the interceptor answers with. None holds
@@ -35,11 +33,28 @@ const (
 // unary calls idempotent on m: the handler of a call carrying a key runs
 // once, across every process sharing m's store, and every retry gets its
 // answer again. See the package documentation for what it does, in
-// which order, and how it answers. m's options apply: WithLease, WithTTL,
-// WithWait, WithFailOpen, WithObserver and WithMaxResponseBody (a bound
-// on the record); its options of requests (header, methods, scope,
-// fingerprint, cacheable statuses) do not: this interceptor's options
-// take their places. It panics when m is nil or an option is invalid.
+// which order, and how it answers. It panics when m is nil or an option
+// is invalid.
+//
+// One Middleware may serve HTTP and gRPC alike. Of m's options, those of
+// the protocol apply to gRPC calls: idem.WithTTL, WithLease, WithWait,
+// WithFailOpen and WithObserver (a call's events have its full method as
+// Route and an empty Method). Those of HTTP requests are ignored here,
+// and this interceptor's options take their places:
+//
+//	idem option                          grpcidem twin
+//	WithHeader                           WithKeyHeader
+//	WithRequireKey                       WithRequireKey
+//	WithMethods (HTTP methods)           WithMethods (full method names)
+//	WithScope                            WithScope
+//	WithFingerprint, WithoutFingerprint  WithoutFingerprint (the request message is compared)
+//	WithCacheable                        WithStoredCodes
+//	WithMaxResponseBody                  WithMaxReply
+//	WithMaxRequestBody                   none: grpc.MaxRecvMsgSize bounds requests
+//	WithErrorWriter                      none: refusals are statuses with an ErrorInfo
+//	WithOmitHeaders                      none: all the metadata the handler set is kept
+//	WithRebuild                          none: a reply not kept is refused, ReasonNotReplayable
+//	WithKey, WithIssuedKeys              none: the key is the metadata's, as it stands
 //
 // Put it after the interceptors that authenticate (so that the scope can
 // name the principal), log and recover from panics, in
@@ -62,29 +77,29 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		keys := metadata.ValueFromIncomingContext(ctx, cfg.header)
 		switch {
 		case len(keys) == 0 && cfg.requireKey:
-			return nil, status.Error(codes.InvalidArgument, msgMissingKey)
+			return nil, refusal(ctx, &idem.Error{Kind: idem.ErrMissingKey, Status: http.StatusBadRequest})
 		case len(keys) == 0:
 			return handler(ctx, req)
 		case len(keys) > 1:
-			return nil, status.Error(codes.InvalidArgument, msgMultipleKeys)
+			return nil, refusal(ctx, &idem.Error{Kind: idem.ErrInvalidKey, Status: http.StatusBadRequest, Detail: msgMultipleKeys})
 		}
-		var a [2]idem.CallOption
-		callOpts := a[:0]
+		var a [3]idem.CallOption
+		callOpts := append(a[:0], idem.WithCallMaxResult(cfg.maxReply+replyRoom))
 		if scope := cfg.scope(ctx); scope != "" {
 			callOpts = append(callOpts, idem.WithCallScope(scope))
 		}
 		if !cfg.noFP {
 			msg, ok := req.(proto.Message)
 			if !ok {
-				return nil, status.Error(codes.Internal, msgNotProto)
+				return nil, answerStatus(ctx, codes.Internal, ReasonRequestNotComparable, msgNotProto, 0, nil)
 			}
 			fp, err := deterministic.Marshal(msg)
 			if err != nil {
-				return nil, status.Error(codes.Internal, "grpcidem: the request cannot be marshalled: "+err.Error())
+				return nil, answerStatus(ctx, codes.Internal, ReasonRequestNotComparable, "grpcidem: the request cannot be marshalled: "+err.Error(), 0, nil)
 			}
 			callOpts = append(callOpts, idem.WithCallFingerprint(fp))
 		}
-		c := &call{stored: cfg.stored, handler: handler, req: req}
+		c := &call{stored: cfg.stored, maxReply: cfg.maxReply, handler: handler, req: req}
 		c.rec.inner = grpc.ServerTransportStreamFromContext(ctx)
 		out, err := m.Do(grpc.NewContextWithServerTransportStream(ctx, &c.rec), info.FullMethod, keys[0], c.run, callOpts...)
 		switch {
@@ -99,10 +114,11 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 
 // call is one protected call whose handler may run.
 type call struct {
-	stored  func(codes.Code) bool
-	handler grpc.UnaryHandler
-	req     any
-	rec     recorder
+	stored   func(codes.Code) bool
+	maxReply int
+	handler  grpc.UnaryHandler
+	req      any
+	rec      recorder
 
 	// What the handler returned, when it ran.
 	ran  bool
@@ -127,14 +143,25 @@ func (c *call) run(ctx context.Context) ([]byte, error) {
 			return nil, c.err
 		}
 		r.status = st.Proto()
+		if deterministic.Size(r.status) > c.maxReply {
+			return notKept(ctx)
+		}
 	} else {
 		msg, ok := c.resp.(proto.Message)
+		if c.resp == nil {
+			// grpc-go sends a nil reply as an empty message (no bytes):
+			// kept as an Empty, whose bytes are the same.
+			msg, ok = nilReply, true
+		}
 		if !ok {
 			return notKept(ctx)
 		}
 		r.typeName, r.response = msg.ProtoReflect().Descriptor().FullName(), msg
 		if _, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName); err != nil {
 			return notKept(ctx) // a replay could not make one
+		}
+		if deterministic.Size(msg) > c.maxReply {
+			return notKept(ctx)
 		}
 	}
 	r.header, r.trailer = c.rec.taken()
@@ -144,6 +171,9 @@ func (c *call) run(ctx context.Context) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// nilReply is what a nil reply is recorded as: a message of no bytes.
+var nilReply = new(emptypb.Empty)
 
 // notKept keeps the key done, not replayable: the handler ran, and its
 // answer, sent to its caller as it is, cannot be recorded.
@@ -157,17 +187,17 @@ func notKept(ctx context.Context) ([]byte, error) {
 func replay(ctx context.Context, out []byte) (any, error) {
 	r, err := decodeRecord(out)
 	if err != nil {
-		return nil, status.Error(codes.Internal, msgCorrupt)
+		return nil, answerStatus(ctx, codes.Internal, ReasonCorruptRecord, msgCorrupt, 0, nil)
 	}
 	var resp proto.Message
 	if r.status == nil {
 		mt, err := protoregistry.GlobalTypes.FindMessageByName(r.typeName)
 		if err != nil {
-			return nil, status.Error(codes.Internal, "The stored response's message type "+string(r.typeName)+" is not known to this program; it cannot be replayed.")
+			return nil, answerStatus(ctx, codes.Internal, ReasonCorruptRecord, "The stored response's message type "+string(r.typeName)+" is not known to this program; it cannot be replayed.", 0, nil)
 		}
 		resp = mt.New().Interface()
 		if err := proto.Unmarshal(r.message, resp); err != nil {
-			return nil, status.Error(codes.Internal, msgCorrupt)
+			return nil, answerStatus(ctx, codes.Internal, ReasonCorruptRecord, msgCorrupt, 0, nil)
 		}
 	}
 	if r.header == nil {
@@ -185,49 +215,3 @@ func replay(ctx context.Context, out []byte) (any, error) {
 // replayedValue is the value of the replayed mark. Shared: gRPC copies
 // the metadata it is given.
 var replayedValue = []string{"true"}
-
-// refusal turns an error of Do, whose function did not run, into the
-// call's status.
-func refusal(ctx context.Context, err error) error {
-	var e *idem.Error
-	if !errors.As(err, &e) {
-		return status.Error(codes.Internal, "The call could not be processed.")
-	}
-	switch e.Kind {
-	case idem.ErrConflict:
-		return retryLater(ctx, codes.Aborted, msgConflict, e.RetryAfter)
-	case idem.ErrStoreUnavailable:
-		return retryLater(ctx, codes.Unavailable, msgStore, e.RetryAfter)
-	case idem.ErrMismatch:
-		return status.Error(codes.FailedPrecondition, msgMismatch)
-	case idem.ErrNotReplayable:
-		return status.Error(codes.FailedPrecondition, msgNotKept)
-	case idem.ErrInvalidKey:
-		return status.Error(codes.InvalidArgument, e.Detail)
-	case idem.ErrCanceled:
-		cause := ctx.Err()
-		if cause == nil {
-			cause = context.Canceled
-		}
-		return status.Error(status.FromContextError(cause).Code(), msgCanceled+cause.Error()+".")
-	case idem.ErrCorruptRecord:
-		return status.Error(codes.Internal, msgCorrupt)
-	}
-	return status.Error(codes.Internal, "The call could not be processed.")
-}
-
-// retryLater returns the status code with msg and, when d is positive, a
-// google.rpc.RetryInfo detail of d and a retry-after header entry of d in
-// whole seconds (rounded up, at least 1).
-func retryLater(ctx context.Context, code codes.Code, msg string, d time.Duration) error {
-	st := status.New(code, msg)
-	if d <= 0 {
-		return st.Err()
-	}
-	if with, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); err == nil {
-		st = with
-	}
-	secs := max(int64((d+time.Second-1)/time.Second), 1)
-	grpc.SetHeader(ctx, metadata.Pairs(RetryAfterHeader, strconv.FormatInt(secs, 10)))
-	return st.Err()
-}

@@ -643,7 +643,7 @@ func TestWithMethods(t *testing.T) {
 	}
 }
 
-// TestNotReplayable: a response larger than idem.WithMaxResponseBody,
+// TestNotReplayable: a response larger than WithMaxReply,
 // and one whose type is not registered, reach their first caller; the
 // retry gets FailedPrecondition saying it completed, and the handler does
 // not run again.
@@ -668,7 +668,7 @@ func TestNotReplayable(t *testing.T) {
 		}
 		return wrapperspb.String(strings.Repeat("x", 64)), nil
 	}
-	e := start(t, setup{store: "memory", network: "bufconn", handler: handler, idem: []idem.Option{idem.WithMaxResponseBody(48)}})
+	e := start(t, setup{store: "memory", network: "bufconn", handler: handler, server: []grpcidem.Option{grpcidem.WithMaxReply(48)}})
 	for _, item := range []string{"large", "dynamic"} {
 		t.Run(item, func(t *testing.T) {
 			key := "kept-" + randomHex()

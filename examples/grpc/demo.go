@@ -124,7 +124,7 @@ func (d *demoClient) play(out io.Writer, addr string) error {
 			fmt.Fprintln(out)
 		}
 		if a.err != nil {
-			fmt.Fprintf(out, "%v: %s\n\n", status.Code(a.err), status.Convert(a.err).Message())
+			fmt.Fprintf(out, "%v %s: %s\n\n", status.Code(a.err), grpcidem.Reason(a.err), status.Convert(a.err).Message())
 		} else {
 			fmt.Fprintf(out, "OK  order-id: %s", strings.Join(a.header.Get("order-id"), ","))
 			if a.replayed() {
@@ -162,6 +162,6 @@ func (d *demoClient) play(out io.Writer, addr string) error {
 
 	other := d.call(conn, d.key(1), "book", 99)
 	step("the first key with another order: refused, never retried", d.key(1), "book", 99, other,
-		status.Code(other.err) == codes.FailedPrecondition && len(other.attempts) == 1)
+		grpcidem.Reason(other.err) == grpcidem.ReasonMismatch && len(other.attempts) == 1)
 	return errors.Join(errs...)
 }

@@ -66,7 +66,7 @@ func checkTranscript(t *testing.T, got string) {
 		`# the first key with another order: refused, never retried\n` +
 			`\$ Create idempotency-key: order-1-[0-9a-f]{8}  \{"amount":99,"item":"book"\}\n` +
 			`attempt 1: FailedPrecondition\n` +
-			`FailedPrecondition: This idempotency key was already used with a different request.\n\n$`,
+			`FailedPrecondition IDEMPOTENCY_KEY_REUSED: This idempotency key was already used with a different request.\n\n$`,
 	}
 	re := regexp.MustCompile(`^` + strings.Join(want, ""))
 	if !re.MatchString(got) {
