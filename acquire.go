@@ -59,20 +59,28 @@ func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string,
 // connection broke, after the store ran it. The owner is this attempt's
 // own, so the release can free nothing else; without it the key would
 // stay locked for a whole lease. Refusals of the arguments or of room
-// created nothing. Shutdown waits for it; it is dropped when the
-// background work is at its bound (laterMax).
+// created nothing.
+//
+// The release is retried like the completions after a handler (see
+// [finish.later]): with backoff while the store fails it (the failure
+// that broke the Acquire often breaks the next call too), until the store
+// answers (released, or nothing of this owner's is held) or the lease
+// would have run out anyway: it was taken, if at all, before unlock was
+// called. Shutdown waits for it and makes it try at once. It is dropped
+// when the background work is at its bound (laterMax).
 func (m *Middleware) unlock(ctx context.Context, skey, owner string, err error) {
 	if errors.Is(err, storage.ErrInvalid) || errors.Is(err, storage.ErrFull) || !m.pending.take(0) {
 		return
 	}
 	base := context.WithoutCancel(ctx)
-	m.work.add()
+	deadline := time.Now().Add(m.cfg.lease)
+	drain := m.work.add()
 	go func() {
 		defer m.work.done()
 		defer m.pending.give(0)
-		ctx, cancel := context.WithTimeout(base, m.cfg.lease)
-		defer cancel()
-		_ = m.store.Release(ctx, skey, owner)
+		_, _ = retry(base, deadline, drain, 0, nil, func(ctx context.Context) error {
+			return m.store.Release(ctx, skey, owner)
+		})
 	}()
 }
 
