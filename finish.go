@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -218,14 +219,15 @@ func (f *finish) later(outcome Outcome, status int, cause, first error, size int
 
 // retry is the loop of the background attempts: it calls op, first after
 // wait and then with a backoff that starts at retryFirst and doubles up
-// to retryMax, each time on a context that keeps base's values and ends at
-// deadline, until op gives a definitive answer (nil, or an error that
-// [retryable] refuses) or deadline passes. drain (from work.add) closed
-// makes it try at once, and from then on without backing off. err is the
-// error of the call before the first attempt. It returns how many attempts
-// it made and the last error the store itself gave (an attempt cut short
-// by the deadline says only that time ran out, so an earlier error is
-// kept over it).
+// to retryMax, each wait jittered (the attempts of many executions that
+// failed together do not come back together), each call on a context that
+// keeps base's values and ends at deadline, until op gives a definitive
+// answer (nil, or an error that [retryable] refuses) or deadline passes.
+// drain (from work.add) closed makes it try at once, and from then on
+// without backing off. err is the error of the call before the first
+// attempt. It returns how many attempts it made and the last error the
+// store itself gave (an attempt cut short by the deadline says only that
+// time ran out, so an earlier error is kept over it).
 func retry(base context.Context, deadline time.Time, drain <-chan struct{}, wait time.Duration, err error, op func(context.Context) error) (int, error) {
 	n := 0
 	delay := wait
@@ -236,7 +238,7 @@ func retry(base context.Context, deadline time.Time, drain <-chan struct{}, wait
 		if left <= 0 {
 			return n, err
 		}
-		t.Reset(min(delay, left))
+		t.Reset(min(jitter(delay), left))
 		select {
 		case <-t.C:
 		case <-drain: // shutting down: try at once, then without backing off
@@ -260,6 +262,9 @@ func retry(base context.Context, deadline time.Time, drain <-chan struct{}, wait
 		}
 	}
 }
+
+// jitter returns a duration between half of d and d.
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // emitSafely is emit from a goroutine of the middleware's own: an observer
 // that panics there would crash the process, so its panic is recovered
