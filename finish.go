@@ -308,9 +308,10 @@ func (p *pending) give(size int) {
 }
 
 // retryable reports whether a store error after the handler may go away
-// by itself: not a refusal of the lease nor of the arguments.
+// by itself: not a refusal of the lease nor of the arguments, nor a value
+// under the key that is not an entry.
 func retryable(err error) bool {
-	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid)
+	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid) && !errors.Is(err, storage.ErrCorrupt)
 }
 
 // settled is the outcome and error of an execution meant to end with

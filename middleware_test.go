@@ -804,6 +804,53 @@ func TestFailedAcquireUnlockStops(t *testing.T) {
 	}
 }
 
+// A store that answers storage.ErrCorrupt (the value under the key is not
+// an entry) gets 500 ErrCorruptRecord without Retry-After, also
+// WithFailOpen, and the handler does not run; no release is sent (nothing
+// was taken). On the main before this fix: 503 with Retry-After, and
+// WithFailOpen ran the handler.
+func TestStoreCorruptValue(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		mem, _ := newMemStore(t)
+		var releases atomic.Int64
+		store := &hookStore{Store: mem,
+			acquire: func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+				return storage.Result{}, fmt.Errorf("somestore: acquire: %w", storage.ErrCorrupt)
+			},
+			release: func(ctx context.Context, key, owner string) error { releases.Add(1); return nil },
+		}
+		var log eventLog
+		opts := []idem.Option{idem.WithObserver(log.observe)}
+		if failOpen {
+			opts = append(opts, idem.WithFailOpen())
+		}
+		m, err := idem.New(store, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int64
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) }))
+		w := serve(h, "k", "")
+		if w.Code != 500 || w.Header().Get("Retry-After") != "" || !strings.Contains(w.Body.String(), "#ErrCorruptRecord") || runs.Load() != 0 {
+			t.Errorf("fail open %v: %d, Retry-After %q, %s, handler ran %d times; want 500 ErrCorruptRecord, none, not run",
+				failOpen, w.Code, w.Header().Get("Retry-After"), w.Body, runs.Load())
+		}
+		if err := m.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := log.outcomes(); len(got) != 1 || got[0] != idem.StoreError || !errors.Is(log.ev[0].Err, storage.ErrCorrupt) {
+			t.Errorf("fail open %v: events %v %v, want one store-error wrapping storage.ErrCorrupt", failOpen, got, log.ev)
+		}
+		if n := releases.Load(); n != 0 {
+			t.Errorf("fail open %v: %d releases, want none", failOpen, n)
+		}
+		_, err = m.Do(context.Background(), "op", "k", func(ctx context.Context) ([]byte, error) { runs.Add(1); return nil, nil })
+		if !errors.Is(err, idem.ErrCorruptRecord) || runs.Load() != 0 {
+			t.Errorf("fail open %v: Do: %v, ran %d times; want ErrCorruptRecord, not run", failOpen, err, runs.Load())
+		}
+	}
+}
+
 // A handler that outlived its lease while a retry ran it again is reported
 // lease-lost, even when both wrote the very same response: the store
 // checks the owner on every Complete. On the main before this fix the

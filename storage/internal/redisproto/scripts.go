@@ -37,7 +37,6 @@ package redisproto
 import (
 	"crypto/sha1"
 	"encoding/hex"
-	"strings"
 	"time"
 )
 
@@ -109,7 +108,11 @@ func Millis(d time.Duration) int64 {
 // string.char (a byte at a time, it cost each writing script about 10 %
 // more server time). uvarint reads the unsigned varint (7 bits a byte, least
 // significant first, as Go's encoding/binary) of at most 5 bytes at i of
-// s, and returns it and the index after it; uvarintOf writes one.
+// s, and returns it and the index after it; uvarintOf writes one. The
+// value is read with PCALL, so that a key of another type (a hash, a list:
+// GET answers WRONGTYPE) reads as the empty string, which is not an entry
+// either: every
+// script answers "not an entry" for it rather than failing.
 const parseLua = `
 local function ttl(t)
   if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
@@ -174,7 +177,8 @@ local function stamped(e)
   local b2 = ms % 256 ms = (ms - b2) / 256
   return 'T' .. string.char(ms % 256, b2, b3, b4, b5, b6) .. e
 end
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then v = '' end
 `
 
 // Answers of the scripts. Acquire answers 1 (acquired), the done entry's
@@ -294,12 +298,7 @@ return -1
 // "2" (remove). No entry: 0; not an entry: -1; otherwise {state,
 // fingerprint, since, pttl, the server's seconds, microseconds, the
 // record's size, the record or ""}, and for "2" the key is deleted.
-//
-// It reads the value with PCALL, so that a key of another type is "not an
-// entry" (-1) rather than an error: a listing meets them under an empty
-// prefix.
-var inspectSrc = strings.Replace(parseLua, "local v = redis.call('GET', KEYS[1])",
-	"local v = redis.pcall('GET', KEYS[1])\nif type(v) == 'table' and v.err then return -1 end", 1) + `
+var inspectSrc = parseLua + `
 if not v then return 0 end
 local tag, fp, rest, t, o, since = parse(v)
 if not tag then return -1 end
