@@ -16,7 +16,9 @@ import (
 // another execution holds it (WithWait), and says what comes next:
 // Executed (run under the lease), Replayed (answer with res.Record),
 // FailedOpen (the store failed: run unprotected, e says why), or any
-// other outcome: refuse with e. route is the route (or operation) whose
+// other outcome: refuse with e. A value under the key that is not an
+// entry (storage.ErrCorrupt) is refused with ErrCorruptRecord, also
+// WithFailOpen. route is the route (or operation) whose
 // handler durations estimate Retry-After; issued says the key must have
 // been issued (WithIssuedKeys).
 func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string, issued bool) (res storage.Result, o Outcome, e *Error) {
@@ -36,6 +38,11 @@ func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string,
 		// deadline passed): not a store failure, and never a reason to
 		// run the handler unprotected.
 		return res, Canceled, newError(ErrCanceled, "The request was canceled before it could be processed; retry later.", time.Second, errors.Join(context.Cause(ctx), err))
+	case errors.Is(err, storage.ErrCorrupt):
+		// The store works, but the value under the key is not an entry:
+		// no retry can do better, and running the handler unprotected
+		// (WithFailOpen) would not be safe either.
+		return res, StoreError, newError(ErrCorruptRecord, "The value stored under this idempotency key is not an idempotency record.", 0, err)
 	case err != nil && m.cfg.failOpen:
 		return res, FailedOpen, newError(ErrStoreUnavailable, "The idempotency store is unavailable; retry later.", time.Second, err)
 	case err != nil:
@@ -58,21 +65,29 @@ func (m *Middleware) acquire(ctx context.Context, route, skey, owner, fp string,
 // with err may have taken all the same: a call that timed out, or whose
 // connection broke, after the store ran it. The owner is this attempt's
 // own, so the release can free nothing else; without it the key would
-// stay locked for a whole lease. Refusals of the arguments or of room
-// created nothing. Shutdown waits for it; it is dropped when the
-// background work is at its bound (laterMax).
+// stay locked for a whole lease. Refusals of the arguments, of room, or
+// of a value under the key that is not an entry created nothing.
+//
+// The release is retried like the completions after a handler (see
+// [finish.later]): with backoff while the store fails it (the failure
+// that broke the Acquire often breaks the next call too), until the store
+// answers (released, or nothing of this owner's is held) or the lease
+// would have run out anyway: it was taken, if at all, before unlock was
+// called. Shutdown waits for it and makes it try at once. It is dropped
+// when the background work is at its bound (laterMax).
 func (m *Middleware) unlock(ctx context.Context, skey, owner string, err error) {
-	if errors.Is(err, storage.ErrInvalid) || errors.Is(err, storage.ErrFull) || !m.pending.take(0) {
+	if errors.Is(err, storage.ErrInvalid) || errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrCorrupt) || !m.pending.take(0) {
 		return
 	}
 	base := context.WithoutCancel(ctx)
-	m.work.add()
+	deadline := time.Now().Add(m.cfg.lease)
+	drain := m.work.add()
 	go func() {
 		defer m.work.done()
 		defer m.pending.give(0)
-		ctx, cancel := context.WithTimeout(base, m.cfg.lease)
-		defer cancel()
-		_ = m.store.Release(ctx, skey, owner)
+		_, _ = retry(base, deadline, drain, 0, nil, func(ctx context.Context) error {
+			return m.store.Release(ctx, skey, owner)
+		})
 	}()
 }
 

@@ -63,7 +63,10 @@ var (
 	ErrCanceled = errors.New("request canceled before it was processed")
 
 	// ErrCorruptRecord: the stored record cannot be decoded, or fails its
-	// checksum. The handler is not run again. Status 500.
+	// checksum, or the value under the key is not an entry of the store
+	// (storage.ErrCorrupt: a Redis hash, list or another application's
+	// string). The handler is not run, not even WithFailOpen; a retry
+	// cannot do better, so there is no Retry-After. Status 500.
 	ErrCorruptRecord = errors.New("stored idempotency record corrupt")
 
 	// ErrLeaseLost: the handler outlived its lease and another request took

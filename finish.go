@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -209,41 +210,61 @@ func (f *finish) later(outcome Outcome, status int, cause, first error, size int
 	go func() {
 		defer m.work.done()
 		defer m.pending.give(size)
-		err := first
-		delay := retryFirst
-		t := time.NewTimer(time.Hour) // set before each wait
-		defer t.Stop()
-		for {
-			left := time.Until(deadline)
-			if left <= 0 {
-				break
-			}
-			t.Reset(min(delay, left))
-			select {
-			case <-t.C:
-			case <-drain: // shutting down: try at once, then without backing off
-				drain, delay = nil, retryFirst
-			}
-			if drain != nil {
-				delay = min(2*delay, retryMax)
-			}
-			ctx, cancel := context.WithDeadline(base, deadline)
-			fc.retries++
-			e := op(ctx)
-			timedOut := ctx.Err() != nil
-			cancel()
-			if !retryable(e) {
-				err = e
-				break
-			}
-			if !timedOut || err == nil {
-				err = e
-			}
-		}
+		n, err := retry(base, deadline, drain, retryFirst, first, op)
+		fc.retries += n
 		outcome, err := settled(outcome, cause, err)
 		fc.emitSafely(base, outcome, status, err)
 	}()
 }
+
+// retry is the loop of the background attempts: it calls op, first after
+// wait and then with a backoff that starts at retryFirst and doubles up
+// to retryMax, each wait jittered (the attempts of many executions that
+// failed together do not come back together), each call on a context that
+// keeps base's values and ends at deadline, until op gives a definitive
+// answer (nil, or an error that [retryable] refuses) or deadline passes.
+// drain (from work.add) closed makes it try at once, and from then on
+// without backing off. err is the error of the call before the first
+// attempt. It returns how many attempts it made and the last error the
+// store itself gave (an attempt cut short by the deadline says only that
+// time ran out, so an earlier error is kept over it).
+func retry(base context.Context, deadline time.Time, drain <-chan struct{}, wait time.Duration, err error, op func(context.Context) error) (int, error) {
+	n := 0
+	delay := wait
+	t := time.NewTimer(time.Hour) // set before each wait
+	defer t.Stop()
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return n, err
+		}
+		t.Reset(min(jitter(delay), left))
+		select {
+		case <-t.C:
+		case <-drain: // shutting down: try at once, then without backing off
+			drain = nil
+		}
+		if drain == nil {
+			delay = retryFirst
+		} else {
+			delay = min(max(2*delay, retryFirst), retryMax)
+		}
+		ctx, cancel := context.WithDeadline(base, deadline)
+		n++
+		e := op(ctx)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if !retryable(e) {
+			return n, e
+		}
+		if !timedOut || err == nil {
+			err = e
+		}
+	}
+}
+
+// jitter returns a duration between half of d and d.
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // emitSafely is emit from a goroutine of the middleware's own: an observer
 // that panics there would crash the process, so its panic is recovered
@@ -287,9 +308,10 @@ func (p *pending) give(size int) {
 }
 
 // retryable reports whether a store error after the handler may go away
-// by itself: not a refusal of the lease nor of the arguments.
+// by itself: not a refusal of the lease nor of the arguments, nor a value
+// under the key that is not an entry.
 func retryable(err error) bool {
-	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid)
+	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid) && !errors.Is(err, storage.ErrCorrupt)
 }
 
 // settled is the outcome and error of an execution meant to end with

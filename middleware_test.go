@@ -706,6 +706,151 @@ func TestFailedAcquireUnlocks(t *testing.T) {
 	}
 }
 
+// The release after a failed Acquire is retried, with backoff, while the
+// store keeps failing it (a connection broken again and again): the key
+// is freed once the store answers, not left locked for the rest of the
+// lease. On the main before this fix the one Release sent was lost and
+// the retry got 409.
+func TestFailedAcquireUnlocksThroughFailingReleases(t *testing.T) {
+	mem, _ := newMemStore(t)
+	var failAcquire, failReleases, releases atomic.Int64
+	failAcquire.Store(1)
+	failReleases.Store(3)
+	store := &hookStore{Store: mem,
+		acquire: func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+			res, err := mem.Acquire(ctx, key, owner, fp, lease)
+			if failAcquire.Add(-1) >= 0 {
+				return storage.Result{}, errors.New("read: connection reset by peer")
+			}
+			return res, err
+		},
+		release: func(ctx context.Context, key, owner string) error {
+			releases.Add(1)
+			if failReleases.Add(-1) >= 0 {
+				return errors.New("write: broken pipe")
+			}
+			return mem.Release(ctx, key, owner)
+		},
+	}
+	m, err := idem.New(store, idem.WithLease(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(201)
+	}))
+	if w := serve(h, "k", ""); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d, want 503", w.Code)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.Shutdown(ctx); err != nil { // waits for the releases
+		t.Fatal(err)
+	}
+	if w := serve(h, "k", ""); w.Code != 201 || runs.Load() != 1 {
+		t.Fatalf("retry: %d %s, handler ran %d times after %d releases; want 201 at once", w.Code, w.Body, runs.Load(), releases.Load())
+	}
+	if n := releases.Load(); n != 4 {
+		t.Fatalf("%d releases, want 4 (3 failed, then the one that freed the key)", n)
+	}
+}
+
+// The release after a failed Acquire stops at a definitive answer
+// (nothing of this owner's is held) and, while the store keeps failing,
+// once the lease it may have taken would have run out: Shutdown does not
+// wait longer than that.
+func TestFailedAcquireUnlockStops(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		err     error
+		lease   time.Duration
+		atLeast int64 // releases
+		atMost  int64
+	}{
+		{"not owner", fmt.Errorf("gone: %w", storage.ErrNotOwner), 30 * time.Second, 1, 1},
+		{"failing", errors.New("write: broken pipe"), 200 * time.Millisecond, 2, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, _ := newMemStore(t)
+			var releases atomic.Int64
+			store := &hookStore{Store: mem,
+				acquire: func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+					return storage.Result{}, errors.New("read: connection reset by peer")
+				},
+				release: func(ctx context.Context, key, owner string) error {
+					releases.Add(1)
+					return tc.err
+				},
+			}
+			m, err := idem.New(store, idem.WithLease(tc.lease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+			if w := serve(h, "k", ""); w.Code != http.StatusServiceUnavailable {
+				t.Fatalf("status %d, want 503", w.Code)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := m.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := releases.Load(); n < tc.atLeast || n > tc.atMost {
+				t.Fatalf("%d releases, want %d..%d", n, tc.atLeast, tc.atMost)
+			}
+		})
+	}
+}
+
+// A store that answers storage.ErrCorrupt (the value under the key is not
+// an entry) gets 500 ErrCorruptRecord without Retry-After, also
+// WithFailOpen, and the handler does not run; no release is sent (nothing
+// was taken). On the main before this fix: 503 with Retry-After, and
+// WithFailOpen ran the handler.
+func TestStoreCorruptValue(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		mem, _ := newMemStore(t)
+		var releases atomic.Int64
+		store := &hookStore{Store: mem,
+			acquire: func(ctx context.Context, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+				return storage.Result{}, fmt.Errorf("somestore: acquire: %w", storage.ErrCorrupt)
+			},
+			release: func(ctx context.Context, key, owner string) error { releases.Add(1); return nil },
+		}
+		var log eventLog
+		opts := []idem.Option{idem.WithObserver(log.observe)}
+		if failOpen {
+			opts = append(opts, idem.WithFailOpen())
+		}
+		m, err := idem.New(store, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int64
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) }))
+		w := serve(h, "k", "")
+		if w.Code != 500 || w.Header().Get("Retry-After") != "" || !strings.Contains(w.Body.String(), "#ErrCorruptRecord") || runs.Load() != 0 {
+			t.Errorf("fail open %v: %d, Retry-After %q, %s, handler ran %d times; want 500 ErrCorruptRecord, none, not run",
+				failOpen, w.Code, w.Header().Get("Retry-After"), w.Body, runs.Load())
+		}
+		if err := m.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := log.outcomes(); len(got) != 1 || got[0] != idem.StoreError || !errors.Is(log.ev[0].Err, storage.ErrCorrupt) {
+			t.Errorf("fail open %v: events %v %v, want one store-error wrapping storage.ErrCorrupt", failOpen, got, log.ev)
+		}
+		if n := releases.Load(); n != 0 {
+			t.Errorf("fail open %v: %d releases, want none", failOpen, n)
+		}
+		_, err = m.Do(context.Background(), "op", "k", func(ctx context.Context) ([]byte, error) { runs.Add(1); return nil, nil })
+		if !errors.Is(err, idem.ErrCorruptRecord) || runs.Load() != 0 {
+			t.Errorf("fail open %v: Do: %v, ran %d times; want ErrCorruptRecord, not run", failOpen, err, runs.Load())
+		}
+	}
+}
+
 // A handler that outlived its lease while a retry ran it again is reported
 // lease-lost, even when both wrote the very same response: the store
 // checks the owner on every Complete. On the main before this fix the

@@ -82,6 +82,12 @@ var (
 	// ErrExists means [Issuer.Issue] found an entry, in any state, under
 	// the key it was to issue. Nothing was changed.
 	ErrExists = errors.New("storage: entry exists")
+
+	// ErrCorrupt means the value under the key is not an entry of this
+	// store: something else wrote there (a Redis hash or list, a string of
+	// another application's), or the entry is damaged. No call can take
+	// the key until someone removes the value; nothing was changed.
+	ErrCorrupt = errors.New("storage: the value under the key is not an idem entry")
 )
 
 // MaxFingerprintLen is the longest fingerprint a Store must accept.

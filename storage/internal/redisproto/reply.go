@@ -11,8 +11,9 @@ import (
 
 var (
 	// ErrCorrupt: the key holds something that is not an entry of the
-	// store. The scripts change nothing then.
-	ErrCorrupt = errors.New("value is not an idem entry")
+	// store (a string that does not parse, or a key of another type). The
+	// scripts change nothing then. It is [storage.ErrCorrupt] itself.
+	ErrCorrupt = storage.ErrCorrupt
 	// ErrReply: a script answered something it never answers.
 	ErrReply = errors.New("unexpected reply")
 )

@@ -37,7 +37,6 @@ package redisproto
 import (
 	"crypto/sha1"
 	"encoding/hex"
-	"strings"
 	"time"
 )
 
@@ -110,7 +109,11 @@ func Millis(d time.Duration) int64 {
 // string.char (a byte at a time, it cost each writing script about 10 %
 // more server time). uvarint reads the unsigned varint (7 bits a byte, least
 // significant first, as Go's encoding/binary) of at most 5 bytes at i of
-// s, and returns it and the index after it; uvarintOf writes one.
+// s, and returns it and the index after it; uvarintOf writes one. The
+// value is read with PCALL, so that a key of another type (a hash, a list:
+// GET answers WRONGTYPE) reads as the empty string, which is not an entry
+// either: every
+// script answers "not an entry" for it rather than failing.
 const parseLua = `
 local function ttl(t)
   if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
@@ -175,7 +178,8 @@ local function stamped(e)
   local b2 = ms % 256 ms = (ms - b2) / 256
   return 'T' .. string.char(ms % 256, b2, b3, b4, b5, b6) .. e
 end
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then v = '' end
 `
 
 // Answers of the scripts. Acquire answers 1 (acquired), the done entry's
@@ -293,10 +297,11 @@ return -1
 
 // inspectSrc: ARGV[1] "0" (look up), "1" (look up with the record) or
 // "2" (remove, if the entry's version is ARGV[2]). No entry: 0; not an
-// entry: -1; otherwise {state, fingerprint, since, pttl, the server's
-// seconds, microseconds, the record's size, the record or "", the
-// version, removed}, where removed is 1 when "2" deleted the key, 2 when
-// it did not because the version differs, 0 for a look up.
+// entry (a key of another type included: parseLua reads it as an empty string): -1;
+// otherwise {state, fingerprint, since, pttl, the server's seconds,
+// microseconds, the record's size, the record or "", the version,
+// removed}, where removed is 1 when "2" deleted the key, 2 when it did not
+// because the version differs, 0 for a look up.
 //
 // The version is the first 16 hex digits of the SHA-1 of what names the
 // entry's incarnation: its state, stamp, fingerprint, owner (in flight,
@@ -305,12 +310,7 @@ return -1
 // record is left out (hashing a megabyte per entry of a listing would
 // hold the server), but for the unstamped 'D' entries, which only the
 // record's size tells apart.
-//
-// It reads the value with PCALL, so that a key of another type is "not an
-// entry" (-1) rather than an error: a listing meets them under an empty
-// prefix.
-var inspectSrc = strings.Replace(parseLua, "local v = redis.call('GET', KEYS[1])",
-	"local v = redis.pcall('GET', KEYS[1])\nif type(v) == 'table' and v.err then return -1 end", 1) + `
+var inspectSrc = parseLua + `
 if not v then return 0 end
 local tag, fp, rest, t, o, since = parse(v)
 if not tag then return -1 end

@@ -10,10 +10,10 @@ import (
 	"github.com/idemkit/idem/storage"
 )
 
-// testCorruptValue puts values that are not entries under a key: every
-// operation fails with an error (not ErrNotOwner, not a panic) and leaves
-// the value alone. Over a key of another type (a hash), Redis's own
-// WRONGTYPE error.
+// testCorruptValue puts values that are not entries under a key, strings
+// and keys of other types (a hash, a list): every operation fails with
+// storage.ErrCorrupt (not ErrNotOwner, not a panic) and leaves the value
+// alone.
 func testCorruptValue(t *testing.T, h Harness) {
 	ctx := t.Context()
 	p := prefix("corrupt")
@@ -45,8 +45,8 @@ func testCorruptValue(t *testing.T, h Harness) {
 			"remove": func() error { _, err := s.Remove(ctx, "bad", "any-version"); return err },
 		} {
 			err := f()
-			if err == nil || errors.Is(err, storage.ErrNotOwner) || !strings.Contains(err.Error(), "not an idem entry") {
-				t.Errorf("%s over %q: %v, want an error saying the value is not an entry", name, v, err)
+			if !errors.Is(err, storage.ErrCorrupt) || !strings.Contains(err.Error(), "not an idem entry") {
+				t.Errorf("%s over %q: %v, want storage.ErrCorrupt, saying the value is not an entry", name, v, err)
 			}
 		}
 		if got, _ := get(t, h, p+"bad"); got != v {
@@ -54,17 +54,31 @@ func testCorruptValue(t *testing.T, h Harness) {
 		}
 	}
 
-	// A key of another type: Redis's own WRONGTYPE error.
-	do(t, h, "DEL", p+"bad")
-	do(t, h, "HSET", p+"bad", "f", "v")
-	if _, err := s.Acquire(ctx, "bad", "o", "", time.Minute); err == nil || errors.Is(err, storage.ErrNotOwner) {
-		t.Errorf("Acquire over a hash: %v, want an error", err)
-	}
-	if err := s.Release(ctx, "bad", "o"); err == nil || errors.Is(err, storage.ErrNotOwner) {
-		t.Errorf("Release over a hash: %v, want an error", err)
-	}
-	if r := do(t, h, "TYPE", p+"bad"); r.Str != "hash" {
-		t.Errorf("the hash is gone: TYPE answered %+v", r)
+	// A key of another type (GET answers WRONGTYPE): not an entry
+	// either, and left alone.
+	for typ, args := range map[string][]string{"hash": {"HSET", p + "bad", "f", "v"}, "list": {"RPUSH", p + "bad", "a"}} {
+		do(t, h, "DEL", p+"bad")
+		do(t, h, args...)
+		for name, f := range map[string]func() error{
+			"acquire":  func() error { _, err := s.Acquire(ctx, "bad", "o", "", time.Minute); return err },
+			"complete": func() error { return s.Complete(ctx, "bad", "o", []byte("r"), time.Minute) },
+			"release":  func() error { return s.Release(ctx, "bad", "o") },
+			"extend":   func() error { return s.Extend(ctx, "bad", "o", time.Minute) },
+			"issue":    func() error { return s.Issue(ctx, "bad", time.Minute) },
+			"acquire issued": func() error {
+				_, err := s.AcquireIssued(ctx, "bad", "o", "", time.Minute)
+				return err
+			},
+			"lookup": func() error { _, err := s.Lookup(ctx, "bad", true); return err },
+			"remove": func() error { _, err := s.Remove(ctx, "bad", "any-version"); return err },
+		} {
+			if err := f(); !errors.Is(err, storage.ErrCorrupt) {
+				t.Errorf("%s over a %s: %v, want storage.ErrCorrupt", name, typ, err)
+			}
+		}
+		if r := do(t, h, "TYPE", p+"bad"); r.Str != typ {
+			t.Errorf("the %s is gone: TYPE answered %+v", typ, r)
+		}
 	}
 }
 
