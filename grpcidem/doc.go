@@ -10,7 +10,8 @@
 //
 //	m, _ := idem.New(redisstore.New(rdb)) // or memstore.New()
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-//		recovery, logging, auth, // outside: they see what the client gets
+//		recovery, logging, // outside: they see what the client gets
+//		auth, // verifies the credentials: ctx = idem.ContextWithPrincipal(ctx, subject)
 //		grpcidem.UnaryServerInterceptor(m),
 //	))
 //
@@ -29,7 +30,12 @@
 // the limits of HTTP's keys; a key sent twice is refused. The record of a
 // key is apart for each method (the full method name is the operation of
 // Do, and the Route of the observer's events) and for each principal: the
-// scope, by default the call's "authorization" metadata ([WithScope]).
+// scope, by default the principal that an authentication interceptor
+// chained before this one named with idem.ContextWithPrincipal, once it
+// verified the call's credentials ([WithScope]). A call with
+// "authorization" metadata and no principal is refused rather than scoped
+// by its raw credential, which per-call and refreshed tokens change
+// between attempts.
 // The request is deterministically marshalled and hashed with the key
 // ([WithoutFingerprint] turns that off): a retry must send the same
 // request.
@@ -85,6 +91,8 @@
 //	                                               idem.WithFailOpen it runs unprotected)
 //	the call's context ended before it ran        Canceled or DeadlineExceeded, as the context
 //	the record cannot be read                     Internal
+//	"authorization" metadata and no principal     Internal (idem.ErrScopeUnknown): name the
+//	  (the default scope; see WithScope)           principal, or set WithScope
 //
 // # The record
 //

@@ -29,6 +29,7 @@ const (
 	msgCorrupt      = "The stored response for this idempotency key cannot be read."
 	msgCanceled     = "The call ended before it was processed: "
 	msgNotProto     = "grpcidem: the request is not a protocol buffer message; see WithoutFingerprint."
+	msgScopeUnknown = "grpcidem cannot tell which principal this call acts for: name it with idem.ContextWithPrincipal in an authentication interceptor chained before grpcidem's, or choose a scope with grpcidem.WithScope (grpcidem.AuthorizationScope keeps the old behaviour: the authorization metadata whole)."
 )
 
 // UnaryServerInterceptor returns the interceptor that makes a server's
@@ -70,9 +71,12 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		}
 		var a [2]idem.CallOption
 		callOpts := a[:0]
-		if scope := cfg.scope(ctx); scope != "" {
-			callOpts = append(callOpts, idem.WithCallScope(scope))
-		}
+		switch {
+		case cfg.scope != nil:
+			callOpts = append(callOpts, idem.WithCallScope(cfg.scope(ctx)))
+		case !hasPrincipal(ctx) && len(metadata.ValueFromIncomingContext(ctx, "authorization")) > 0:
+			return nil, refusal(ctx, errScopeUnknown)
+		} // else Do's scope is the principal in ctx, or none
 		if !cfg.noFP {
 			msg, ok := req.(proto.Message)
 			if !ok {
@@ -95,6 +99,16 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		}
 		return replay(ctx, out)
 	}
+}
+
+// errScopeUnknown refuses a call with credentials and no principal under
+// the default scope (see WithScope).
+var errScopeUnknown = &idem.Error{Kind: idem.ErrScopeUnknown, Status: 500, Title: "Idempotency scope unknown", Detail: msgScopeUnknown}
+
+// hasPrincipal reports whether ctx names a principal.
+func hasPrincipal(ctx context.Context) bool {
+	_, ok := idem.PrincipalFromContext(ctx)
+	return ok
 }
 
 // call is one protected call whose handler may run.
@@ -212,6 +226,8 @@ func refusal(ctx context.Context, err error) error {
 		return status.Error(status.FromContextError(cause).Code(), msgCanceled+cause.Error()+".")
 	case idem.ErrCorruptRecord:
 		return status.Error(codes.Internal, msgCorrupt)
+	case idem.ErrScopeUnknown:
+		return status.Error(codes.Internal, msgScopeUnknown)
 	}
 	return status.Error(codes.Internal, "The call could not be processed.")
 }
