@@ -48,8 +48,8 @@ func WithRemove(onRemove func(r *http.Request, removed Entry)) Option {
 // route=; client_key= with op= for Middleware.Do (and scope= for a call
 // WithCallScope); or issued_key= with
 // scope= for a key issued under WithIssuedKeys. A scope is what the
-// middleware's scope function returns (by default the client's
-// Authorization header, whole).
+// middleware's scope function returns (by default the principal that the
+// application's authentication named with idem.ContextWithPrincipal).
 //
 // Errors are RFC 9457 problems: 400 for a bad parameter, 404 when there is
 // no such entry, 405 for DELETE without WithRemove, 502 when the store
