@@ -69,7 +69,8 @@ import (
 // fails (see [WithLease]); [Middleware.Shutdown] waits for it. The options
 // of requests (methods, header, scope, request comparison, body limits,
 // cacheable statuses, rebuild, issued keys) do not apply to Do; the
-// call's own options do: [WithCallScope] keeps a principal's keys apart,
+// call's own options do: [WithCallScope] keeps a principal's keys apart
+// (by default the principal that [ContextWithPrincipal] named in ctx),
 // [WithCallFingerprint] refuses a key reused for other work (ErrMismatch).
 func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context.Context) ([]byte, error), opts ...CallOption) ([]byte, error) {
 	start := time.Now()
@@ -84,10 +85,13 @@ func (m *Middleware) Do(ctx context.Context, op, key string, fn func(ctx context
 			o(&c)
 		}
 	}
+	if !c.scopeSet {
+		c.scope, _ = PrincipalFromContext(ctx)
+	}
 	h := getHasher()
 	var a [storageKeyLen + ownerLen + fingerprintLen]byte
 	var b []byte
-	if c.scoped {
+	if c.scope != "" {
 		b = h.appendScopedDoKey(a[:0], c.scope, op, key)
 	} else {
 		b = h.appendDoKey(a[:0], op, key)
@@ -141,19 +145,22 @@ type CallOption func(*callConfig)
 
 // callConfig is what a call's options set.
 type callConfig struct {
-	scope, fingerprint    string
-	scoped, fingerprinted bool
-	maxResult             int // 0: WithMaxResponseBody's
+	scope, fingerprint      string
+	scopeSet, fingerprinted bool
+	maxResult               int // 0: WithMaxResponseBody's
 }
 
 // WithCallScope keeps the call's record apart for one principal, as a
-// request's scope does (see WithScope): scope (a tenant, a user, the
-// caller's credentials) is hashed with op and key into the record's name,
-// so the same key from another scope is another record. The scope never
-// appears in events or in the store. A call without it (or with an empty
-// scope) has the record that Do always gave op and key.
+// request's scope does (see WithScope): scope (a tenant, a user) is hashed
+// with op and key into the record's name, so the same key from another
+// scope is another record. The scope never appears in events or in the
+// store. A call without WithCallScope is scoped by the principal that
+// [ContextWithPrincipal] named in its ctx, when one is; a call with an
+// empty scope, or without WithCallScope and without a principal, has the
+// record that Do always gave op and key (unscoped). Do never refuses a
+// call for its scope: it sees no credentials.
 func WithCallScope(scope string) CallOption {
-	return func(c *callConfig) { c.scope, c.scoped = scope, scope != "" }
+	return func(c *callConfig) { c.scope, c.scopeSet = scope, true }
 }
 
 // WithCallFingerprint makes the call say what it was asked to do, as a

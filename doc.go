@@ -18,8 +18,8 @@
 //  1. Requests whose method is not protected (default POST and PATCH),
 //     that matched no route, or that carry no key pass through untouched.
 //  2. The key is parsed (a bare token or an RFC 8941 string, 1 to 255
-//     printable ASCII bytes), the body is read in full (up to
-//     WithMaxRequestBody) and fingerprinted.
+//     printable ASCII bytes), the scope found, the body read in full (up
+//     to WithMaxRequestBody) and fingerprinted.
 //  3. One store round trip takes the lease, or finds the request in flight
 //     (409), or done (replay, or 422 for a different request).
 //  4. The handler runs with the body unchanged, its response streams to the
@@ -30,6 +30,25 @@
 //     request's context ended. A failed store call is retried in the
 //     background for up to one lease; [Middleware.Shutdown] waits for
 //     those retries, so call it after http.Server.Shutdown in a deploy.
+//
+// # Scope: whose record
+//
+// Records are kept per principal. The application's authentication, once
+// it has verified the request's credentials, names the principal in the
+// request's context, in one line before idem's middleware:
+//
+//	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), claims.Subject))
+//
+// A request without credentials is anonymous (anonymous requests share one
+// scope). A request with an Authorization header and no principal is
+// refused, 500 [ErrScopeUnknown], before anything runs: the default
+// refuses to guess. A raw credential is not a principal: a client whose
+// token is refreshed between two attempts would land in another scope and
+// run a payment twice, and a principal read from a token that nobody
+// verified would let a forged token read another principal's stored
+// response. [WithScope] chooses another scope;
+// WithScope([AuthorizationScope]) keeps the header whole, for credentials
+// that never change between retries (static API keys, Basic).
 //
 // # Other routes to the same protocol
 //

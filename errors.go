@@ -94,6 +94,17 @@ var (
 	// WithIssueLimit allows a minute. Status 429, with Retry-After.
 	ErrTooManyKeys = errors.New("too many idempotency keys issued")
 
+	// ErrScopeUnknown: the request carries credentials (an Authorization
+	// header) and no principal, and the middleware has no WithScope: idem
+	// cannot tell whom the request acts for, and refuses to guess (a raw
+	// credential is not a principal: a refreshed token would run the
+	// operation again, and a principal read from a token nobody verified
+	// would let a forged token read another principal's response). Name
+	// the principal with [ContextWithPrincipal] in the authentication
+	// middleware, or choose a scope with WithScope. The handler did not
+	// run. Status 500: the server is misconfigured, not the client.
+	ErrScopeUnknown = errors.New("idempotency scope unknown")
+
 	// ErrInvalidOption: an option given to New has an invalid value.
 	ErrInvalidOption = errors.New("idem: invalid option")
 )
@@ -165,6 +176,7 @@ var kinds = map[error]kind{
 	ErrCanceled:         {"ErrCanceled", http.StatusServiceUnavailable, "Request canceled"},
 	ErrKeyNotIssued:     {"ErrKeyNotIssued", http.StatusBadRequest, "Idempotency key not issued"},
 	ErrTooManyKeys:      {"ErrTooManyKeys", http.StatusTooManyRequests, "Too many idempotency keys"},
+	ErrScopeUnknown:     {"ErrScopeUnknown", http.StatusInternalServerError, "Idempotency scope unknown"},
 }
 
 // newError builds the refusal for kind k.

@@ -32,7 +32,9 @@ const (
 	NotReplayable
 	// Rejected: 400 or 413, the key or the body was refused before any
 	// store access, or the key was not issued (ErrKeyNotIssued, see
-	// WithIssuedKeys). Err says why.
+	// WithIssuedKeys); or 500, the request carries credentials and names
+	// no principal under the default scope (ErrScopeUnknown, see
+	// WithScope), refused before any store access. Err says why.
 	Rejected
 	// StoreError: the store failed. Before the handler this means 503 (or
 	// 500 for a corrupt record); after it, the response was sent but could

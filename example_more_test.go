@@ -32,7 +32,8 @@ func serveCounting(m *idem.Middleware, status int) (string, func()) {
 
 // WithScope keeps the records of different principals apart: the same key
 // sent by two tenants runs twice, once for each. The default scope is the
-// Authorization header.
+// principal that the application's authentication names with
+// idem.ContextWithPrincipal (see ExampleContextWithPrincipal).
 func ExampleWithScope() {
 	store := memstore.New()
 	defer store.Close()
@@ -220,8 +221,8 @@ func ExampleWithTTL() {
 
 // An operator looks up what the store holds for a customer's key: the
 // storage key is derived as the middleware derives it, from the scope
-// (here the default, the Authorization header), the method, the route and
-// the key the client sent.
+// (here the default, the principal that the authentication named), the
+// method, the route and the key the client sent.
 func ExampleStorageKey() {
 	store := memstore.New()
 	defer store.Close()
@@ -232,14 +233,15 @@ func ExampleStorageKey() {
 		fmt.Fprint(w, `{"order":42}`)
 	})))
 	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"book"}`))
-	r.Header.Set("Authorization", "Bearer alice")
+	r.Header.Set("Authorization", "Bearer alice-token")
 	r.Header.Set("Idempotency-Key", "order-42")
+	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), "alice")) // as the authentication does
 	mux.ServeHTTP(httptest.NewRecorder(), r)
 
-	key := idem.StorageKey("Bearer alice", http.MethodPost, "POST /orders", "order-42")
+	key := idem.StorageKey("alice", http.MethodPost, "POST /orders", "order-42")
 	e, err := store.Lookup(context.Background(), key, false)
 	fmt.Println(e.State, err)
-	_, err = store.Lookup(context.Background(), idem.StorageKey("Bearer bob", http.MethodPost, "POST /orders", "order-42"), false)
+	_, err = store.Lookup(context.Background(), idem.StorageKey("bob", http.MethodPost, "POST /orders", "order-42"), false)
 	fmt.Println(errors.Is(err, storage.ErrNotFound))
 	// Output:
 	// done <nil>
@@ -270,4 +272,49 @@ func ExampleWithCallFingerprint() {
 	// charged 10 EUR for acme <nil>
 	// true
 	// charged 99 EUR for globex <nil>
+}
+
+// The application's authentication names the principal once it has
+// verified the credentials: the default scope. A client whose access token
+// is refreshed between two attempts stays in its scope, and its retry is
+// replayed; a request with credentials that no authentication verified is
+// refused (500 ErrScopeUnknown) rather than scoped by a guess.
+func ExampleContextWithPrincipal() {
+	store := memstore.New()
+	defer store.Close()
+	m, _ := idem.New(store)
+	subjects := map[string]string{"Bearer t1": "alice", "Bearer t2": "alice"} // the token verifier's answers
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sub, ok := subjects[r.Header.Get("Authorization")]
+			if !ok {
+				http.Error(w, "unauthenticated", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(idem.ContextWithPrincipal(r.Context(), sub)))
+		})
+	}
+	orders := 0
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orders++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", orders)
+	}))
+	send := func(h http.Handler, token string) {
+		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"book"}`))
+		r.Header.Set("Authorization", token)
+		r.Header.Set("Idempotency-Key", "order-42")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Header().Get("Idempotent-Replayed"), strings.TrimSpace(w.Body.String())[:7])
+	}
+	send(authenticate(h), "Bearer t1") // runs
+	send(authenticate(h), "Bearer t2") // the token was refreshed: replayed
+	send(h, "Bearer t1")               // no authentication before idem: refused
+	fmt.Println("orders:", orders)
+	// Output:
+	// 201  order 1
+	// 201 true order 1
+	// 500  {"type"
+	// orders: 1
 }

@@ -182,8 +182,9 @@ func ExampleMiddleware_Do() {
 func ExampleMiddleware_IssueKey() {
 	store := memstore.New()
 	defer store.Close()
-	// Only keys this server issued, to the same client (its Authorization
-	// header, the default scope), for 30 minutes.
+	// Only keys this server issued, to the same client (the default scope:
+	// the principal that the authentication names with
+	// idem.ContextWithPrincipal; anonymous here), for 30 minutes.
 	m, err := idem.New(store, idem.WithIssuedKeys(30*time.Minute))
 	if err != nil {
 		log.Fatal(err)

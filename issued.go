@@ -25,8 +25,11 @@ const DefaultIssuedKeyTTL = time.Hour
 
 // WithIssuedKeys makes the middleware accept only keys issued by
 // [Middleware.IssueKey] to the same client: the scope of the request that
-// asked for the key (see [WithScope]; by default its Authorization
-// header) must be the scope of the request that uses it. A request
+// asked for the key (see [WithScope]; by default the principal that
+// [ContextWithPrincipal] named) must be the scope of the request that
+// uses it. Under the default scope, IssueKey and the middleware refuse a
+// request that carries an Authorization header and names no principal
+// (ErrScopeUnknown). A request
 // without a key gets 400 ErrMissingKey (as WithRequireKey); an unknown,
 // forged, expired or other client's key gets 400 ErrKeyNotIssued, without
 // telling these apart, and the handler does not run.
@@ -140,13 +143,18 @@ func (l *issueLimit) take(scope string) (ok bool, wait time.Duration) {
 // ErrInvalidOption when the middleware was made without WithIssuedKeys;
 // an [*Error] wrapping ErrTooManyKeys (status 429, with RetryAfter) when
 // r's scope was issued as many keys as WithIssueLimit allows, without
-// asking the store; and one wrapping ErrStoreUnavailable and the store's
-// error when the store fails.
+// asking the store; an [*Error] wrapping ErrScopeUnknown (status 500) when
+// r carries credentials and no principal under the default scope (see
+// [WithScope]); and one wrapping ErrStoreUnavailable and the store's error
+// when the store fails.
 func (m *Middleware) IssueKey(r *http.Request) (string, error) {
 	if m.issuer == nil {
 		return "", fmt.Errorf("%w: IssueKey needs a middleware made WithIssuedKeys", ErrInvalidOption)
 	}
-	scope := m.cfg.scope(r)
+	scope, e := m.cfg.scopeOf(r)
+	if e != nil {
+		return "", e
+	}
 	if ok, wait := m.issued.take(scope); !ok {
 		return "", newError(ErrTooManyKeys, "Too many idempotency keys were issued to this client; retry later.", max(wait, time.Second), nil)
 	}

@@ -164,9 +164,9 @@ func TestIssueLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		alice := httptest.NewRequest(http.MethodGet, "/form", nil)
-		alice.Header.Set("Authorization", "Bearer alice")
+		alice = alice.WithContext(idem.ContextWithPrincipal(alice.Context(), "alice"))
 		bob := httptest.NewRequest(http.MethodGet, "/form", nil)
-		bob.Header.Set("Authorization", "Bearer bob")
+		bob = bob.WithContext(idem.ContextWithPrincipal(bob.Context(), "bob"))
 		for i := range 3 {
 			if _, err := m.IssueKey(alice); err != nil {
 				t.Fatalf("key %d: %v", i, err)

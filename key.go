@@ -241,16 +241,17 @@ func appendFingerprint(b []byte, h *hasher, cfg *config, r *http.Request, route 
 	return append(b, h.sum128(body)...)
 }
 
-// requestIDs returns the storage key of the request's key on route, a new
-// owner token and the request's fingerprint, all three in one allocation.
-func requestIDs(cfg *config, r *http.Request, route, key string, body []byte) (skey, owner, fp string) {
+// requestIDs returns the storage key of the request's key on route in
+// scope, a new owner token and the request's fingerprint, all three in one
+// allocation.
+func requestIDs(cfg *config, r *http.Request, scope, route, key string, body []byte) (skey, owner, fp string) {
 	h := getHasher()
 	var a [storageKeyLen + ownerLen + fingerprintLen]byte
 	var b []byte
 	if cfg.issuedTTL > 0 {
-		b = h.appendIssuedKey(a[:0], cfg.scope(r), key)
+		b = h.appendIssuedKey(a[:0], scope, key)
 	} else {
-		b = h.appendStorageKey(a[:0], cfg.scope(r), r.Method, route, key)
+		b = h.appendStorageKey(a[:0], scope, r.Method, route, key)
 	}
 	b = appendOwner(b)
 	b = appendFingerprint(b, h, cfg, r, route, body)

@@ -46,8 +46,10 @@ type KeySource func(r *http.Request, body []byte) (key string, err error)
 // such a redelivery into a 422, which the provider retries forever).
 // Verify a callback's signature before the middleware, so that a forged
 // request cannot take an event's key. The scope stays WithScope's, by
-// default the Authorization header, which senders of callbacks rarely
-// send and may start or stop sending: give such a route
+// default the principal that the application's authentication named (see
+// WithScope: a request with an Authorization header and no principal is
+// refused). A sender of callbacks has no principal of its own there and
+// may start or stop sending credentials: give such a route
 // WithScope(func(*http.Request) string { return "stripe" }), a constant
 // per sender, so that a redelivery is always in the first's scope. A nil
 // src is invalid.

@@ -117,7 +117,7 @@ func (m *Middleware) Serve(w http.ResponseWriter, r *http.Request, route string,
 		return
 	}
 	x.key = key
-	if x.readBody() {
+	if x.resolveScope() && x.readBody() {
 		x.run(next)
 	}
 }
@@ -138,7 +138,9 @@ func (m *Middleware) serveSourced(w http.ResponseWriter, r *http.Request, route 
 		return
 	}
 	x.key = key
-	x.run(next)
+	if x.resolveScope() {
+		x.run(next)
+	}
 }
 
 // readBody reads the request's body into x.body, or refuses the request
@@ -173,14 +175,26 @@ type exchange struct {
 	r     *http.Request
 	route string
 	key   string
+	scope string
 	body  []byte
 	start time.Time
+}
+
+// resolveScope sets x.scope, or refuses the request and reports false.
+func (x *exchange) resolveScope() bool {
+	scope, e := x.m.cfg.scopeOf(x.r)
+	if e != nil {
+		x.refuse(Rejected, e)
+		return false
+	}
+	x.scope = scope
+	return true
 }
 
 // run takes the lease and executes, or answers from what holds the key.
 func (x *exchange) run(next Next) {
 	m := x.m
-	skey, owner, fp := requestIDs(&m.cfg, x.r, x.route, x.key, x.body)
+	skey, owner, fp := requestIDs(&m.cfg, x.r, x.scope, x.route, x.key, x.body)
 	res, o, e := m.acquire(x.r.Context(), x.route, skey, owner, fp, m.issuer != nil)
 	switch o {
 	case Executed:

@@ -27,7 +27,7 @@ type config struct {
 	ttl         time.Duration
 	lease       time.Duration
 	wait        time.Duration
-	scope       func(*http.Request) string
+	scope       func(*http.Request) string // nil: the default (scopeOf)
 	fingerprint func(r *http.Request, body []byte) string
 	noFP        bool
 	fpSet       bool // WithFingerprint or WithoutFingerprint was given
@@ -50,7 +50,6 @@ func defaultConfig() config {
 		methods:     []string{http.MethodPost, http.MethodPatch},
 		ttl:         DefaultTTL,
 		lease:       DefaultLease,
-		scope:       AuthorizationScope,
 		maxReq:      DefaultMaxRequestBody,
 		maxResp:     DefaultMaxResponseBody,
 		cacheable:   DefaultCacheable,
@@ -159,9 +158,26 @@ func WithWait(d time.Duration) Option {
 
 // WithScope sets the function that names the principal (user, tenant, API
 // client) a request acts for. Records of different scopes never meet, so
-// two clients choosing the same key never see each other's responses.
-// Default [AuthorizationScope]. Applications that authenticate with cookies
-// or client certificates must set it. A nil function is invalid.
+// two clients choosing the same key never see each other's responses. The
+// scope is hashed into the record's name, never stored in clear. A nil
+// function is invalid.
+//
+// Without WithScope the scope is the principal that the application's
+// authentication named with [ContextWithPrincipal] in the request's
+// context; a request that names none and carries no Authorization header
+// is anonymous (anonymous requests share the empty scope); a request that
+// names none and carries an Authorization header is refused, 500
+// ErrScopeUnknown, before the store is asked or the handler runs. The
+// default refuses to guess: a raw credential is not a principal (a client
+// whose token is refreshed between two attempts of one operation would
+// land in another scope and run it twice), and a principal read from a
+// token that nobody verified would let a forged token read another
+// principal's stored response.
+//
+// [AuthorizationScope] is the scope of credentials that never change
+// between retries (static API keys, Basic authentication). Applications
+// that authenticate with cookies or client certificates name the
+// principal with ContextWithPrincipal, or set WithScope.
 func WithScope(fn func(r *http.Request) string) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -172,10 +188,38 @@ func WithScope(fn func(r *http.Request) string) Option {
 	}
 }
 
-// AuthorizationScope is the default scope: the request's Authorization
-// header (hashed into the store key, never stored in clear). Requests
-// without one share the empty scope.
+// AuthorizationScope is the scope of the request's Authorization header,
+// whole (hashed into the store key, never stored in clear); requests
+// without one share the empty scope. It was the default before the
+// principal ([ContextWithPrincipal]) was: give it to WithScope for
+// credentials that never change between the retries of one operation,
+// such as static API keys or Basic authentication. A credential that
+// changes (an OAuth access token refreshed, per-call credentials) puts a
+// retry in another scope, and the handler runs again.
 func AuthorizationScope(r *http.Request) string { return r.Header.Get("Authorization") }
+
+// scopeOf returns the scope of r: WithScope's, or by default the
+// principal in r's context, else the empty scope for a request without
+// credentials; a request with credentials and no principal gets
+// ErrScopeUnknown.
+func (c *config) scopeOf(r *http.Request) (string, *Error) {
+	if c.scope != nil {
+		return c.scope(r), nil
+	}
+	if p, ok := PrincipalFromContext(r.Context()); ok {
+		return p, nil
+	}
+	for _, v := range r.Header.Values("Authorization") {
+		if v != "" {
+			return "", newError(ErrScopeUnknown, scopeUnknownDetail, 0, nil)
+		}
+	}
+	return "", nil
+}
+
+// scopeUnknownDetail is the detail of an ErrScopeUnknown refusal: what to
+// do about it.
+const scopeUnknownDetail = "idem cannot tell which principal this request acts for: name it with idem.ContextWithPrincipal in your authentication middleware, or choose a scope with idem.WithScope (idem.AuthorizationScope keeps the old behaviour: the header whole)."
 
 // WithFingerprint replaces what identifies "the same request". fn gets the
 // request and its complete body and returns the identifying data, which is

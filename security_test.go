@@ -120,8 +120,13 @@ func TestSecurityScopesNeverCross(t *testing.T) {
 		opts       []idem.Option
 		principals [][]string // header name, value
 	}{
-		{"Authorization", nil, [][]string{
+		{"Authorization", []idem.Option{idem.WithScope(idem.AuthorizationScope)}, [][]string{
 			{"Authorization", "Bearer alice"}, {"Authorization", "Bearer bob"}, {"Authorization", ""},
+		}},
+		// The default: the principal that the authentication (here, the
+		// X-User header, read before the mux) names.
+		{"Principal", nil, [][]string{
+			{"X-User", "alice"}, {"X-User", "bob"}, {"X-User", "a:b"}, {"X-User", ""},
 		}},
 		{"WithScope", []idem.Option{idem.WithScope(func(r *http.Request) string { return r.Header.Get("X-Tenant") })}, [][]string{
 			{"X-Tenant", "a:b"}, {"X-Tenant", "a"}, {"X-Tenant", "{a}"}, {"X-Tenant", ""},
@@ -141,7 +146,9 @@ func TestSecurityScopesNeverCross(t *testing.T) {
 			mux.Handle("/a", h) // one pattern for both methods: the method alone separates them
 			mux.Handle("/b", h)
 			mux.Handle("/a/{id}", h)
-			srv := httptest.NewServer(mux)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mux.ServeHTTP(w, r.WithContext(idem.ContextWithPrincipal(r.Context(), r.Header.Get("X-User"))))
+			}))
 			defer srv.Close()
 
 			type combo struct{ principal, method, path string }
@@ -396,7 +403,14 @@ func TestSecurityNoSecretsInErrorsOrEvents(t *testing.T) {
 			}
 			fmt.Fprintf(w, "slow run %d", n) // differs, or the late Complete would count as a resend
 		}))
-		srv := httptest.NewServer(mux)
+		// The application's authentication verifies the secret and names
+		// its principal.
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") == secret && r.URL.Query().Get("anonymous") == "" {
+				r = r.WithContext(idem.ContextWithPrincipal(r.Context(), "alice"))
+			}
+			mux.ServeHTTP(w, r)
+		}))
 		t.Cleanup(srv.Close)
 		return srv
 	}
@@ -417,6 +431,7 @@ func TestSecurityNoSecretsInErrorsOrEvents(t *testing.T) {
 	send(srv.URL+"/ok", `"`+key, "")                   // 400 invalid: unterminated
 	send(srv.URL+"/ok", strings.Repeat(key, 20), "")   // 400 invalid: too long
 	send(srv.URL+"/ok", key, strings.Repeat("x", 101)) // 413
+	send(srv.URL+"/ok?anonymous=1", key, "a")          // 500 scope unknown: no principal named
 	send(srv.URL+"/ok", key, "a")                      // executed
 	send(srv.URL+"/ok", key, "a")                      // replayed
 	send(srv.URL+"/ok", key, "b")                      // 422

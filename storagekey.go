@@ -4,8 +4,9 @@ package idem
 // a client's idempotency key: the request's [Info.StorageKey], and what a
 // storage.Inspector takes (an operator's look-up of "this customer's
 // order-42", say). scope is what the middleware's scope function returns
-// for the client (WithScope; by default the request's Authorization
-// header, whole), method the request's method, route the route as the
+// for the client (WithScope; by default the principal that
+// [ContextWithPrincipal] named, or "" for a request without credentials),
+// method the request's method, route the route as the
 // adapter names it (nethttp: the ServeMux pattern, such as "POST
 // /orders"; Gin: c.FullPath(); Echo: c.Path()), and key the key the
 // client sent. A middleware WithIssuedKeys names entries by scope and key
@@ -28,7 +29,9 @@ func IssuedStorageKey(scope, key string) string {
 
 // OperationStorageKey returns the key under which [Middleware.Do] keeps
 // the entry of key for the operation op (see [StorageKey]), for a call
-// WithCallScope(scope); scope "" for a call without it.
+// WithCallScope(scope), or without WithCallScope but with the principal
+// scope in its ctx ([ContextWithPrincipal]); scope "" for an unscoped
+// call.
 func OperationStorageKey(scope, op, key string) string {
 	h := getHasher()
 	defer putHasher(h)

@@ -32,6 +32,7 @@ func TestStorageKeyIsInfoStorageKey(t *testing.T) {
 		mux.Handle("POST /orders", nethttp.Middleware(m)(handler))
 		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader("{}"))
 		r.Header.Set("Authorization", "Bearer alice")
+		r = r.WithContext(idem.ContextWithPrincipal(r.Context(), "alice")) // the authentication's
 		r.Header.Set("Idempotency-Key", key)
 		w := httptest.NewRecorder()
 		mux.ServeHTTP(w, r)
@@ -51,12 +52,12 @@ func TestStorageKeyIsInfoStorageKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(m, "order-42")
-	want := idem.StorageKey("Bearer alice", http.MethodPost, "POST /orders", "order-42")
+	want := idem.StorageKey("alice", http.MethodPost, "POST /orders", "order-42")
 	if got := <-seen; got != want {
 		t.Fatalf("Info.StorageKey %q, StorageKey %q", got, want)
 	}
 	lookup(want)
-	if other := idem.StorageKey("Bearer bob", http.MethodPost, "POST /orders", "order-42"); other == want {
+	if other := idem.StorageKey("bob", http.MethodPost, "POST /orders", "order-42"); other == want {
 		t.Fatal("another scope, the same storage key")
 	}
 
@@ -66,15 +67,16 @@ func TestStorageKeyIsInfoStorageKey(t *testing.T) {
 	}
 	r := httptest.NewRequest(http.MethodGet, "/form", nil)
 	r.Header.Set("Authorization", "Bearer alice")
+	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), "alice"))
 	key, err := issuing.IssueKey(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	send(issuing, key)
-	if got, want := <-seen, idem.IssuedStorageKey("Bearer alice", key); got != want {
+	if got, want := <-seen, idem.IssuedStorageKey("alice", key); got != want {
 		t.Fatalf("issued: Info.StorageKey %q, IssuedStorageKey %q", got, want)
 	}
-	lookup(idem.IssuedStorageKey("Bearer alice", key))
+	lookup(idem.IssuedStorageKey("alice", key))
 
 	if _, err := m.Do(context.Background(), "payments", "pay-1", func(ctx context.Context) ([]byte, error) {
 		info, _ := idem.FromContext(ctx)

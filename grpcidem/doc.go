@@ -10,7 +10,8 @@
 //
 //	m, _ := idem.New(redisstore.New(rdb)) // or memstore.New()
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-//		recovery, logging, auth, // outside: they see what the client gets
+//		recovery, logging, // outside: they see what the client gets
+//		auth, // verifies the credentials: ctx = idem.ContextWithPrincipal(ctx, subject)
 //		grpcidem.UnaryServerInterceptor(m),
 //	))
 //
@@ -38,7 +39,12 @@
 // the limits of HTTP's keys; a key sent twice is refused. The record of a
 // key is apart for each method (the full method name is the operation of
 // Do, and the Route of the observer's events) and for each principal: the
-// scope, by default the call's "authorization" metadata ([WithScope]).
+// scope, by default the principal that an authentication interceptor
+// chained before this one named with idem.ContextWithPrincipal, once it
+// verified the call's credentials ([WithScope]). A call with
+// "authorization" metadata and no principal is refused rather than scoped
+// by its raw credential, which per-call and refreshed tokens change
+// between attempts.
 // The request is deterministically marshalled and hashed with the key
 // ([WithoutFingerprint] turns that off): a retry must send the same
 // request.
@@ -108,6 +114,9 @@
 //	the call's context ended before it ran        Canceled or DeadlineExceeded, as the context,
 //	                                               ReasonCanceled
 //	the record cannot be read                     Internal, ReasonCorruptRecord
+//	"authorization" metadata and no principal     Internal, ReasonScopeUnknown
+//	  (the default scope; see WithScope)           (idem.ErrScopeUnknown): name the
+//	                                               principal, or set WithScope
 //	the request is not a protocol buffer          Internal, ReasonRequestNotComparable
 //	  message (see WithoutFingerprint)
 //	any other refusal of the core (a kind of      by its HTTP status: 503 Unavailable, other

@@ -33,7 +33,7 @@ type Option func(*config)
 type config struct {
 	header     string
 	requireKey bool
-	scope      func(ctx context.Context) string
+	scope      func(ctx context.Context) string // nil: the principal (see WithScope)
 	noFP       bool
 	stored     func(codes.Code) bool
 	methods    map[string]bool // nil: every method
@@ -41,7 +41,7 @@ type config struct {
 }
 
 func defaultConfig() config {
-	return config{header: DefaultKeyHeader, scope: AuthorizationScope, stored: DefaultStored, maxReply: DefaultMaxReply}
+	return config{header: DefaultKeyHeader, stored: DefaultStored, maxReply: DefaultMaxReply}
 }
 
 // DefaultMaxReply is the default of [WithMaxReply]: 4 MiB, gRPC's
@@ -94,9 +94,20 @@ func WithRequireKey() Option {
 // an authentication interceptor before this one put in it). Records of
 // different scopes never meet: two clients choosing the same key never
 // see each other's responses. The scope is hashed into the record's name,
-// never stored in clear. Default [AuthorizationScope]. Services that
-// authenticate otherwise (client certificates, a token in another
-// metadata entry) must set it. A nil function is invalid.
+// never stored in clear. A nil function is invalid.
+//
+// Without WithScope the scope is HTTP's default (see idem.WithScope): the
+// principal that the service's authentication interceptor, chained before
+// this one, named with idem.ContextWithPrincipal once it verified the
+// call's credentials; a call that names none and carries no
+// "authorization" metadata is anonymous (anonymous calls share the empty
+// scope); a call that names none and carries "authorization" metadata is
+// refused with Internal (idem.ErrScopeUnknown: the service is
+// misconfigured, not the call) before the store is asked or the handler
+// runs. A raw credential is not a principal: per-call credentials
+// (grpc.WithPerRPCCredentials) and refreshed OAuth tokens change it
+// between the attempts of one call, which would run the handler again.
+// [AuthorizationScope] is the scope of credentials that never change.
 func WithScope(fn func(ctx context.Context) string) Option {
 	if fn == nil {
 		panic("grpcidem: WithScope(nil)")
@@ -104,9 +115,14 @@ func WithScope(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.scope = fn }
 }
 
-// AuthorizationScope is the default scope: the call's "authorization"
-// metadata value, whole (several values joined), as HTTP's default is the
-// Authorization header. Calls without one share the empty scope.
+// AuthorizationScope is the scope of the call's "authorization" metadata
+// value, whole (several values joined), as idem.AuthorizationScope is the
+// Authorization header's; calls without one share the empty scope. It was
+// the default before the principal was: give it to WithScope for
+// credentials that never change between the attempts of a call (a static
+// API key). A credential that changes (a token minted per call, an OAuth
+// token refreshed) puts a retry in another scope, and the handler runs
+// again.
 func AuthorizationScope(ctx context.Context) string {
 	vs := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(vs) == 1 {

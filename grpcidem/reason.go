@@ -62,6 +62,11 @@ const (
 	// (corrupt, or of a message type this program does not know); the
 	// handler is not run again. Internal. idem.ErrCorruptRecord.
 	ReasonCorruptRecord = "IDEMPOTENT_RESPONSE_UNREADABLE"
+	// ReasonScopeUnknown: the call carries "authorization" metadata and
+	// no principal (idem.ContextWithPrincipal), under the default scope:
+	// the interceptor refuses to guess who it acts for (see WithScope);
+	// Internal, a setup error of the server. idem.ErrScopeUnknown.
+	ReasonScopeUnknown = "IDEMPOTENCY_SCOPE_UNKNOWN"
 	// ReasonRequestNotComparable: the request cannot be compared with the
 	// first one (it is not a protocol buffer message, or does not
 	// marshal); Internal, a programming error (see WithoutFingerprint).
@@ -122,6 +127,7 @@ var refusals = map[error]refusalKind{
 	idem.ErrStoreUnavailable: {codes.Unavailable, ReasonStoreUnavailable, msgStore},
 	idem.ErrCanceled:         {codes.Canceled, ReasonCanceled, ""}, // the code and message are the context's
 	idem.ErrCorruptRecord:    {codes.Internal, ReasonCorruptRecord, msgCorrupt},
+	idem.ErrScopeUnknown:     {codes.Internal, ReasonScopeUnknown, msgScopeUnknown},
 }
 
 // fallback answers a kind of idem error that refusals does not know, by

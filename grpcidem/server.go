@@ -27,6 +27,7 @@ const (
 	msgCorrupt      = "The stored response for this idempotency key cannot be read."
 	msgCanceled     = "The call ended before it was processed: "
 	msgNotProto     = "grpcidem: the request is not a protocol buffer message; see WithoutFingerprint."
+	msgScopeUnknown = "grpcidem cannot tell which principal this call acts for: name it with idem.ContextWithPrincipal in an authentication interceptor chained before grpcidem's, or choose a scope with grpcidem.WithScope (grpcidem.AuthorizationScope keeps the old behaviour: the authorization metadata whole)."
 )
 
 // UnaryServerInterceptor returns the interceptor that makes a server's
@@ -83,11 +84,14 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		case len(keys) > 1:
 			return nil, refusal(ctx, &idem.Error{Kind: idem.ErrInvalidKey, Status: http.StatusBadRequest, Detail: msgMultipleKeys})
 		}
-		var a [3]idem.CallOption
+		var a [2]idem.CallOption
 		callOpts := append(a[:0], idem.WithCallMaxResult(cfg.maxReply+replyRoom))
-		if scope := cfg.scope(ctx); scope != "" {
-			callOpts = append(callOpts, idem.WithCallScope(scope))
-		}
+		switch {
+		case cfg.scope != nil:
+			callOpts = append(callOpts, idem.WithCallScope(cfg.scope(ctx)))
+		case !hasPrincipal(ctx) && len(metadata.ValueFromIncomingContext(ctx, "authorization")) > 0:
+			return nil, refusal(ctx, errScopeUnknown)
+		} // else Do's scope is the principal in ctx, or none
 		if !cfg.noFP {
 			msg, ok := req.(proto.Message)
 			if !ok {
@@ -110,6 +114,16 @@ func UnaryServerInterceptor(m *idem.Middleware, opts ...Option) grpc.UnaryServer
 		}
 		return replay(ctx, out)
 	}
+}
+
+// errScopeUnknown refuses a call with credentials and no principal under
+// the default scope (see WithScope).
+var errScopeUnknown = &idem.Error{Kind: idem.ErrScopeUnknown, Status: 500, Title: "Idempotency scope unknown", Detail: msgScopeUnknown}
+
+// hasPrincipal reports whether ctx names a principal.
+func hasPrincipal(ctx context.Context) bool {
+	_, ok := idem.PrincipalFromContext(ctx)
+	return ok
 }
 
 // call is one protected call whose handler may run.

@@ -592,8 +592,9 @@ func TestWithoutKey(t *testing.T) {
 }
 
 // TestScope: the same key from two principals is two records (the
-// authorization metadata by default, or WithScope's function), and each
-// principal's retry gets its own response.
+// authorization metadata with AuthorizationScope, or another WithScope
+// function; the default, the principal, is TestPrincipalScope...'s), and
+// each principal's retry gets its own response.
 func TestScope(t *testing.T) {
 	handler := func(ctx context.Context, req *structpb.Struct) (proto.Message, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
@@ -604,7 +605,7 @@ func TestScope(t *testing.T) {
 		opts   []grpcidem.Option
 		header string
 	}{
-		{"authorization", nil, "authorization"},
+		{"authorization", []grpcidem.Option{grpcidem.WithScope(grpcidem.AuthorizationScope)}, "authorization"},
 		{"WithScope", []grpcidem.Option{grpcidem.WithScope(func(ctx context.Context) string {
 			return strings.Join(metadata.ValueFromIncomingContext(ctx, "x-tenant"), ",")
 		})}, "x-tenant"},

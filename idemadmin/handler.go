@@ -59,8 +59,8 @@ func WithRemove(onRemove func(r *http.Request, removed Entry)) Option {
 // route=; client_key= with op= for Middleware.Do (and scope= for a call
 // WithCallScope); or issued_key= with
 // scope= for a key issued under WithIssuedKeys. A scope is what the
-// middleware's scope function returns (by default the client's
-// Authorization header, whole).
+// middleware's scope function returns (by default the principal that the
+// application's authentication named with idem.ContextWithPrincipal).
 //
 // client_key= and issued_key= are read as the middleware reads the key
 // header (idem.ParseKey): the RFC 8941 form "order-42" names the same

@@ -58,10 +58,11 @@ func newShop(t *testing.T, opts ...idemadmin.Option) (*shop, *httptest.Server) {
 	return s, admin
 }
 
-// order sends POST /orders with key as Bearer alice.
+// order sends POST /orders with key as alice.
 func (s *shop) order(key, query string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(http.MethodPost, "/orders"+query, strings.NewReader(`{"item":"book"}`))
-	r.Header.Set("Authorization", "Bearer alice")
+	r.Header.Set("Authorization", "Bearer alice-token")
+	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), "alice")) // as the shop's authentication would
 	r.Header.Set("Idempotency-Key", key)
 	w := httptest.NewRecorder()
 	s.app.ServeHTTP(w, r)
@@ -94,7 +95,7 @@ func call(t *testing.T, srv *httptest.Server, method, path string, out any) (int
 }
 
 func clientKey(key string) string {
-	return "/entry?" + url.Values{"client_key": {key}, "scope": {"Bearer alice"}, "method": {"POST"}, "route": {"POST /orders"}}.Encode()
+	return "/entry?" + url.Values{"client_key": {key}, "scope": {"alice"}, "method": {"POST"}, "route": {"POST /orders"}}.Encode()
 }
 
 // TestEntry: /entry shows a done entry with its response's status, type
@@ -109,7 +110,7 @@ func TestEntry(t *testing.T) {
 	if code, _, body := call(t, admin, "GET", clientKey("order-1"), &e); code != http.StatusOK {
 		t.Fatalf("GET /entry: %d %s", code, body)
 	}
-	skey := idem.StorageKey("Bearer alice", "POST", "POST /orders", "order-1")
+	skey := idem.StorageKey("alice", "POST", "POST /orders", "order-1")
 	if e.Key != skey || e.State != "done" || e.Since == nil || e.AgeMS == nil || e.Size == 0 || e.Expires.Before(time.Now().Add(23*time.Hour)) {
 		t.Errorf("done entry: %+v", e)
 	}
@@ -172,13 +173,14 @@ func TestEntryOfDoAndIssuedKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := httptest.NewRequest(http.MethodGet, "/form", nil)
-	r.Header.Set("Authorization", "Bearer alice")
+	r.Header.Set("Authorization", "Bearer alice-token")
+	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), "alice")) // as the shop's authentication would
 	key, err := issuing.IssueKey(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var issued idemadmin.Entry
-	call(t, admin, "GET", "/entry?"+url.Values{"issued_key": {key}, "scope": {"Bearer alice"}}.Encode(), &issued)
+	call(t, admin, "GET", "/entry?"+url.Values{"issued_key": {key}, "scope": {"alice"}}.Encode(), &issued)
 	if issued.State != "issued" || issued.Fingerprint != "" {
 		t.Errorf("an issued key: %+v", issued)
 	}
@@ -223,7 +225,7 @@ func TestEntries(t *testing.T) {
 	}
 	var p page
 	call(t, admin, "GET", "/entries?state=in_flight", &p)
-	if len(p.Entries) != 1 || p.Entries[0].Key != idem.StorageKey("Bearer alice", "POST", "POST /orders", "d") {
+	if len(p.Entries) != 1 || p.Entries[0].Key != idem.StorageKey("alice", "POST", "POST /orders", "d") {
 		t.Errorf("in flight: %+v, want d's entry", p.Entries)
 	}
 	call(t, admin, "GET", "/entries?min_age=1h", &p)
@@ -232,7 +234,7 @@ func TestEntries(t *testing.T) {
 	}
 	var st idemadmin.Stats
 	call(t, admin, "GET", "/stats", &st)
-	if d := idem.StorageKey("Bearer alice", "POST", "POST /orders", "d"); st.Entries["done"] != 3 || st.Entries["in_flight"] != 1 || st.OldestInFlight == nil || st.OldestInFlight.Key != d {
+	if d := idem.StorageKey("alice", "POST", "POST /orders", "d"); st.Entries["done"] != 3 || st.Entries["in_flight"] != 1 || st.OldestInFlight == nil || st.OldestInFlight.Key != d {
 		t.Errorf("stats: %+v", st)
 	}
 	for _, q := range []string{"state=acquired", "min_age=soon", "min_age=-1s", "limit=0", "limit=x", "cursor=%00bad"} {

@@ -111,6 +111,7 @@ func newBenchClient(tb testing.TB, s stack) *benchClient {
 	c.r = httptest.NewRequestWithContext(ctx, http.MethodPost, "/orders", nil)
 	c.r.Header.Set("Content-Type", "application/json")
 	c.r.Header.Set("Authorization", "Bearer 7f3a0c21")
+	c.r = c.r.WithContext(idem.ContextWithPrincipal(c.r.Context(), "user-7f3a")) // as the authentication would
 	c.r.Header.Set("Idempotency-Key", string(c.key))
 	return c
 }

@@ -65,8 +65,9 @@
 //
 // # What is never reported
 //
-// No attribute holds a client's idempotency key, a scope (the
-// Authorization header by default), a request or response body, or an
+// No attribute holds a client's idempotency key, a scope (the principal
+// by default, see idem.ContextWithPrincipal), credentials, a request or
+// response body, or an
 // error's text (a store's error may quote what it was given). The storage
 // key, idem.storage_key, is a 128-bit hash of the scope, method, route and
 // key (see idem.StorageKey), from which none of them can be read back:

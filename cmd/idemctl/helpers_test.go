@@ -184,7 +184,7 @@ func openPG(t *testing.T) (*pgxpool.Pool, *pgstore.Store, []string) {
 
 // The client of the shop's orders, and the route.
 const (
-	scope = "Bearer alice"
+	scope = "alice"
 	route = "POST /orders"
 )
 
@@ -238,7 +238,8 @@ func newShop(t *testing.T, store storage.Store) *shop {
 // send sends POST /orders with the key as the client.
 func (s *shop) send(key, query string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(http.MethodPost, "/orders"+query, strings.NewReader(`{"item":"book"}`))
-	r.Header.Set("Authorization", scope)
+	r.Header.Set("Authorization", "Bearer alice-token")
+	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), scope)) // as the shop's authentication would
 	r.Header.Set("Idempotency-Key", key)
 	w := httptest.NewRecorder()
 	s.app.ServeHTTP(w, r)
@@ -297,7 +298,8 @@ func (s *shop) issue() string {
 		s.t.Fatal(err)
 	}
 	r := httptest.NewRequest(http.MethodGet, "/form", nil)
-	r.Header.Set("Authorization", scope)
+	r.Header.Set("Authorization", "Bearer alice-token")
+	r = r.WithContext(idem.ContextWithPrincipal(r.Context(), scope)) // as the shop's authentication would
 	key, err := m.IssueKey(r)
 	if err != nil {
 		s.t.Fatal(err)

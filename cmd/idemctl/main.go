@@ -45,8 +45,8 @@
 // argument and no flag, or follows "--" (which ls's hint prints). Or name
 // the entry as the middleware derives it from the client's key: -scope S
 // -method M -route R KEY for a request's key (S is what the middleware's
-// scope function returns, by default the request's Authorization header,
-// whole; R the route as the adapter names it: net/http's mux pattern such
+// scope function returns, by default the principal named with
+// idem.ContextWithPrincipal; R the route as the adapter names it: net/http's mux pattern such
 // as "POST /orders", Gin's c.FullPath(), Echo's c.Path()); -op OP KEY for
 // Middleware.Do's (with -scope S for a call made WithCallScope); -issued
 // -scope S KEY for a key issued under idem.WithIssuedKeys. See
@@ -198,7 +198,7 @@ header ("order-42" in RFC 8941 quotes is order-42; a key it refuses is a
 usage error), named as the middleware does:
 
   -scope S -method M -route R KEY   a request's key: S is what the scope function
-                                    returns (by default the Authorization header),
+                                    returns (by default the principal the app's auth named),
                                     R the route, such as 'POST /orders'
   -op OP [-scope S] KEY             Middleware.Do's key for the operation OP (-scope: WithCallScope's),
                                     taken as it stands, as Do takes it

@@ -27,8 +27,11 @@
 // transport that a resend is safe.
 //
 // The route that scopes records is the URL path: a proxy has no route
-// patterns. Records are scoped by the Authorization header by default; a
-// gateway that authenticates otherwise must set idem.WithScope.
+// patterns. Records are scoped by the Authorization header, whole
+// (idem.AuthorizationScope): a gateway that does not verify credentials
+// itself has no principal to name, and its clients' credentials are
+// static API keys. Behind a gateway that verifies tokens, name the
+// principal with idem.ContextWithPrincipal instead.
 package main
 
 import (
@@ -123,6 +126,15 @@ func newGateway(store storage.Store, target *url.URL) (http.Handler, *idem.Middl
 		// The upstream may be slow: a duplicate waits for the first
 		// request's answer instead of getting 409 at once.
 		idem.WithWait(10*time.Second),
+		// This gateway does not authenticate: the upstream does. It has
+		// no principal to name, and the default scope would refuse a
+		// request with credentials (ErrScopeUnknown). The header, whole,
+		// is the honest scope for credentials that never change between
+		// retries (static API keys); a client whose token is refreshed
+		// between two attempts lands in another scope and is proxied
+		// again. A gateway that verifies tokens names the token's subject
+		// with idem.ContextWithPrincipal instead.
+		idem.WithScope(idem.AuthorizationScope),
 	)
 	if err != nil {
 		return nil, nil, err

@@ -77,6 +77,11 @@ func run(addr, redisAddr string, demo bool, out, logTo io.Writer) error {
 		return err
 	}
 	// Recovery outside idem's interceptor: a panic releases the key first.
+	// A service that authenticates puts its interceptor before grpcidem's
+	// too, and names the principal the records are scoped by, once it has
+	// verified the token: ctx = idem.ContextWithPrincipal(ctx, subject).
+	// This demo has no credentials: its calls share the anonymous scope
+	// (a call with authorization metadata and no principal is refused).
 	chain := []grpc.UnaryServerInterceptor{recoverPanics(logTo), grpcidem.UnaryServerInterceptor(m)}
 	var d *demoClient
 	if demo {

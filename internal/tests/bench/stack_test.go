@@ -363,6 +363,7 @@ func newClient(h http.Handler, method string) *client {
 	c.r = httptest.NewRequest(method, "/orders", nil)
 	c.r.Header.Set("Content-Type", "application/json")
 	c.r.Header.Set("Authorization", "Bearer 7f3a0c21")
+	c.r = c.r.WithContext(idem.ContextWithPrincipal(c.r.Context(), "user-7f3a")) // as the authentication would
 	c.key = []byte("order-0000000000")
 	c.r.Header.Set("Idempotency-Key", string(c.key))
 	return c

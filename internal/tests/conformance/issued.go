@@ -33,7 +33,7 @@ func (e *env) issue(h http.Header) string {
 	for k, v := range h {
 		r.Header[k] = v
 	}
-	key, err := e.m.IssueKey(r)
+	key, err := e.m.IssueKey(withPrincipal(r))
 	if err != nil {
 		e.t.Fatalf("IssueKey: %v", err)
 	}

@@ -419,21 +419,52 @@ var scenarios = []scenario{
 		a.want(t, 1)
 		b.want(t, 2)
 	}},
+	// The default scope is the principal that the authentication names
+	// (here "Bearer alice" and "Bearer alice.2", her refreshed token, are
+	// alice's): a retry with a refreshed token is a replay, and another
+	// principal never gets alice's record.
 	{"PrincipalScoping", func(t *testing.T, s *suite) {
 		var c counter
 		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {
-			io.WriteString(w, r.Header.Get("Authorization"))
+			p, _ := idem.PrincipalFromContext(r.Context())
+			io.WriteString(w, p)
 		})}})
 		alice := http.Header{"Authorization": {"Bearer alice"}}
+		refreshed := http.Header{"Authorization": {"Bearer alice.2"}}
 		bob := http.Header{"Authorization": {"Bearer bob"}}
 		e.do(req{path: "/o", key: "k", header: alice})
-		if r := e.do(req{path: "/o", key: "k", header: bob}); string(r.body) != "Bearer bob" || r.header.Get("Idempotent-Replayed") != "" {
+		if r := e.do(req{path: "/o", key: "k", header: refreshed}); string(r.body) != "alice" || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("alice's retry with a refreshed token: %v", r)
+		}
+		if r := e.do(req{path: "/o", key: "k", header: bob}); string(r.body) != "bob" || r.header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("bob got alice's record: %v", r)
 		}
-		if r := e.do(req{path: "/o", key: "k", header: alice}); string(r.body) != "Bearer alice" || r.header.Get("Idempotent-Replayed") != "true" {
+		if r := e.do(req{path: "/o", key: "k", header: alice}); string(r.body) != "alice" || r.header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("alice's retry: %v", r)
 		}
 		c.want(t, 2)
+	}},
+	// Credentials that the authentication did not turn into a principal,
+	// under the default scope: 500 ErrScopeUnknown before the store is
+	// asked or the handler runs; the observer is told. Without credentials
+	// the request is anonymous.
+	{"ScopeUnknownRefused", func(t *testing.T, s *suite) {
+		var c counter
+		e := s.env([]Route{{"POST", "/o", c.wrap(func(w http.ResponseWriter, r *http.Request) {})}})
+		r := e.do(req{path: "/o", key: "k", header: http.Header{"Authorization": {"Token raw-api-key"}}})
+		problem(t, r, 500, idem.ErrScopeUnknown)
+		if r.header.Get("Retry-After") != "" {
+			t.Fatalf("Retry-After %q on a misconfiguration", r.header.Get("Retry-After"))
+		}
+		if e.spy.acquires.Load() != 0 {
+			t.Fatal("the refused request reached the store")
+		}
+		if ev := e.ev.last(); ev.Outcome != idem.Rejected || ev.Status != 500 || !errors.Is(ev.Err, idem.ErrScopeUnknown) {
+			t.Fatalf("event %+v", ev)
+		}
+		c.want(t, 0)
+		e.do(req{path: "/o", key: "k"})
+		c.want(t, 1)
 	}},
 	{"UnmatchedRouteNotStored", func(t *testing.T, s *suite) {
 		e := s.env([]Route{{"POST", "/o", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})}})

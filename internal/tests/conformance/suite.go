@@ -79,7 +79,7 @@ func (s *suite) serverEnv(wrap func(http.Handler) http.Handler, conf func(*http.
 		t.Fatalf("idem.New: %v", err)
 	}
 	e.m = m
-	h := s.a.Mount(m, routes...)
+	h := authenticate(s.a.Mount(m, routes...))
 	if wrap != nil {
 		h = wrap(h)
 	}
@@ -280,6 +280,7 @@ var kindNames = map[string]error{
 	"ErrConflict": idem.ErrConflict, "ErrMismatch": idem.ErrMismatch, "ErrNotReplayable": idem.ErrNotReplayable,
 	"ErrStoreUnavailable": idem.ErrStoreUnavailable, "ErrCorruptRecord": idem.ErrCorruptRecord,
 	"ErrKeyNotIssued": idem.ErrKeyNotIssued, "ErrCanceled": idem.ErrCanceled, "ErrBodyRead": idem.ErrBodyRead,
+	"ErrScopeUnknown": idem.ErrScopeUnknown,
 }
 
 func retryAfter(t *testing.T, r reply) int {
@@ -308,3 +309,25 @@ func (g *gate) wait() {
 }
 
 func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
+
+// authenticate is every env's authentication, in front of the framework,
+// as an application's: it names the principal of a request whose
+// credentials it verified (see withPrincipal). Other requests go on
+// without one.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, withPrincipal(r))
+	})
+}
+
+// withPrincipal returns r with the principal of its bearer token named in
+// its context: "Bearer alice" and "Bearer alice.2" (a refreshed token)
+// are alice's. Other credentials (a raw "Token x", say) name none.
+func withPrincipal(r *http.Request) *http.Request {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		return r
+	}
+	sub, _, _ := strings.Cut(token, ".")
+	return r.WithContext(idem.ContextWithPrincipal(r.Context(), sub))
+}
