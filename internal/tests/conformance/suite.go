@@ -79,6 +79,17 @@ func (s *suite) serverEnv(wrap func(http.Handler) http.Handler, conf func(*http.
 		t.Fatalf("idem.New: %v", err)
 	}
 	e.m = m
+	// Last, once the server is closed: the store back up, the middleware
+	// shut down, so that no background work of it (a release after a
+	// failed Acquire, a completion retried) outlives the test.
+	t.Cleanup(func() {
+		e.spy.down.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := m.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
 	h := authenticate(s.a.Mount(m, routes...))
 	if wrap != nil {
 		h = wrap(h)
