@@ -344,7 +344,7 @@ func TestClientKeys(t *testing.T) {
 	s, admin := newShop(t)
 	s.order(`"order-x"`, "")
 	s.order(`a"b\c`, "")
-	want := idem.StorageKey("Bearer alice", "POST", "POST /orders", "order-x")
+	want := idem.StorageKey("alice", "POST", "POST /orders", "order-x")
 	for _, k := range []string{"order-x", `"order-x"`} {
 		var e idemadmin.Entry
 		if code, _, body := call(t, admin, "GET", clientKey(k), &e); code != http.StatusOK || e.Key != want {
@@ -352,7 +352,7 @@ func TestClientKeys(t *testing.T) {
 		}
 	}
 	var e idemadmin.Entry
-	if code, _, body := call(t, admin, "GET", clientKey(`"a\"b\\c"`), &e); code != http.StatusOK || e.Key != idem.StorageKey("Bearer alice", "POST", "POST /orders", `a"b\c`) {
+	if code, _, body := call(t, admin, "GET", clientKey(`"a\"b\\c"`), &e); code != http.StatusOK || e.Key != idem.StorageKey("alice", "POST", "POST /orders", `a"b\c`) {
 		t.Errorf(`client_key="a\"b\\c": %d %s, want the entry of a"b\c`, code, body)
 	}
 
