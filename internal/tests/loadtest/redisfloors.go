@@ -36,7 +36,7 @@ type naive struct {
 // returns the function that closes their clients and deletes their keys.
 // Each client's pool, or pipeline, is sized for concurrency clients, as
 // the store's client is.
-func redisFloors(mux *http.ServeMux, addr string, concurrency int, lease, ttl time.Duration) (func(), error) {
+func redisFloors(mux *http.ServeMux, addr string, concurrency int, lease, ttl time.Duration, sent *sentCounter) (func(), error) {
 	prefix := fmt.Sprintf("idem-loadtest-floor:%d:", time.Now().UnixNano())
 	gr := redis.NewClient(&redis.Options{Addr: addr, PoolSize: concurrency + 4})
 	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
@@ -44,6 +44,8 @@ func redisFloors(mux *http.ServeMux, addr string, concurrency int, lease, ttl ti
 		gr.Close()
 		return nil, fmt.Errorf("rueidis: %w", err)
 	}
+	gr.AddHook(sent)
+	ru = countRueidis(ru, sent)
 	clients := map[string]naive{
 		"go-redis": {
 			first: func(ctx context.Context, k string) error {
