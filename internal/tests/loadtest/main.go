@@ -23,7 +23,9 @@
 // PX, then SET PX of 512 bytes) or a replay's one (GET) with go-redis or
 // with rueidis, and answer as the protected handler does: what a store of
 // plain commands would cost, through net/http like the protected phases,
-// without idem. It then prints the targets of issue 22 and whether they
+// without idem; and the same commands called without HTTP (go-redis-calls-
+// first and the like), beside the stores' own calls. It then prints the
+// targets of issue 22 and whether they
 // are met, and last each store's first and replay with one client at a
 // time (the latency of a lone request).
 //
@@ -127,8 +129,11 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string, r
 		}
 		mux.Handle("POST /"+st.name+"/orders", nethttp.Middleware(m)(http.HandlerFunc(handler)))
 	}
+	var naives map[string]naive // the naive floors' commands, by client
+	var naiveKey func(string) string
 	if addr != "" {
-		closeFloors, err := redisFloors(mux, addr, concurrency, idem.DefaultLease, idem.DefaultTTL, sent)
+		var closeFloors func()
+		naives, naiveKey, closeFloors, err = redisFloors(mux, addr, concurrency, idem.DefaultLease, idem.DefaultTTL, sent)
 		if err != nil {
 			return err
 		}
@@ -255,6 +260,33 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string, r
 					prepare: func(clients int) error {
 						for w := range clients {
 							if err := replay(w); err != nil {
+								return err
+							}
+						}
+						return nil
+					}})
+		}
+		// The naive floors' commands without HTTP, beside the stores'
+		// own calls: the same competition for the cores, so that their
+		// command times compare (see redisstats.go).
+		for _, client := range []string{"go-redis", "rueidis"} {
+			n := naives[client]
+			replayKey := func(w int) string { return naiveKey(client + "-calls-replay-" + strconv.Itoa(w)) }
+			phases = append(phases,
+				phase{name: client + "-calls-first", redis: true, do: func(int) error {
+					return n.first(ctx, naiveKey(newKey(client+"-calls-first-")))
+				}},
+				phase{name: client + "-calls-replay", redis: true,
+					do: func(w int) error {
+						v, err := n.replay(ctx, replayKey(w))
+						if err == nil && len(v) != len(recordValue) {
+							err = fmt.Errorf("GET answered %d bytes", len(v))
+						}
+						return err
+					},
+					prepare: func(clients int) error {
+						for w := range clients {
+							if err := n.first(ctx, replayKey(w)); err != nil {
 								return err
 							}
 						}
