@@ -249,10 +249,10 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string, r
 			replay := func(w int) error {
 				return post(w, "/"+client+"/replay", client+"-replay-"+strconv.Itoa(w), false)
 			}
-			phases = append(phases,
-				phase{name: client + "-first", redis: true, do: func(w int) error {
-					return post(w, "/"+client+"/first", newKey(client+"-first-"), false)
-				}},
+			first := phase{name: client + "-first", redis: true, do: func(w int) error {
+				return post(w, "/"+client+"/first", newKey(client+"-first-"), false)
+			}}
+			phases = append(phases, first,
 				phase{name: client + "-replay", redis: true, do: replay,
 					// The first request of a key stores it (SET NX PX,
 					// SET PX): made before the phase, which then
@@ -265,6 +265,7 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string, r
 						}
 						return nil
 					}})
+			latency = append(latency, first, phases[len(phases)-1])
 		}
 		// The naive floors' commands without HTTP, beside the stores'
 		// own calls: the same competition for the cores, so that their
@@ -329,7 +330,7 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string, r
 			c.name, 100*r.rate/f.rate, c.floor+",", 100*r.rate/b.rate, ratio(r.p50, f.p50), ratio(r.p99, f.p99))
 	}
 	if stats != nil {
-		printCommandTimeRatios(results, stores)
+		printCommandTimeRatios(fmt.Sprintf("%d clients", concurrency), results, stores)
 	}
 	if addr != "" {
 		fmt.Println("\ntargets of issue 22, idem on rueidisstore:")
@@ -350,14 +351,28 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string, r
 	}
 
 	// Latency of one request at a time: a pipelining client must not add
-	// any when idle.
+	// any when idle. Redis's accounting too: with one client, the load
+	// tool leaves the cores to Redis more than at full load, so that its
+	// command times are closer to the commands' own (see redisstats.go).
 	fmt.Println("\none client at a time:")
+	lone := map[string]result{}
 	for _, p := range latency {
-		r, err := p.measure(ctx, duration, 1, nil)
+		var s *redisStats
+		if p.redis {
+			s = stats
+		}
+		r, err := p.measure(ctx, duration, 1, s)
 		if err != nil {
 			return err
 		}
+		lone[p.name] = r
 		fmt.Printf("%-26s %9.0f req/s   p50 %9v   p99 %9v   (%d requests)\n", p.name, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.n)
+		if r.redis != nil {
+			fmt.Printf("    %s\n", r.redis.format(r.n))
+		}
+	}
+	if stats != nil {
+		printCommandTimeRatios("one client at a time", lone, stores)
 	}
 	return nil
 }

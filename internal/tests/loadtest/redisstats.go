@@ -386,8 +386,8 @@ const (
 // HTTP server, the load tool and Redis), the scheduler preempts Redis in
 // the middle of commands, and their time grows with what else runs. Each
 // ratio is therefore taken between phases that load the machine alike.
-func printCommandTimeRatios(results map[string]result, stores []namedStore) {
-	fmt.Printf("\nRedis command time per request, idem over the naive floor (issue 28: first <= %.1fx, replay <= %.1fx):\n", targetFirst, targetReplay)
+func printCommandTimeRatios(title string, results map[string]result, stores []namedStore) {
+	fmt.Printf("\nRedis command time per request, idem over the naive floor, %s (issue 28: first <= %.1fx, replay <= %.1fx):\n", title, targetFirst, targetReplay)
 	clients := map[string]string{"redisstore": "go-redis", "rueidisstore": "rueidis"}
 	for _, st := range stores {
 		client, ok := clients[st.name]
@@ -404,7 +404,7 @@ func printCommandTimeRatios(results map[string]result, stores []namedStore) {
 			{st.name + "-floor-replay", client + "-calls-replay", targetReplay},
 		} {
 			r, f := results[c.name], results[c.floor]
-			if r.redis == nil || f.redis == nil {
+			if r.redis == nil || f.redis == nil { // not measured in this run
 				continue
 			}
 			idem, floor := r.redis.usecPerRequest(r.n), f.redis.usecPerRequest(f.n)
