@@ -10,8 +10,8 @@
 //
 // The package holds only tests:
 //
-//	go test ./internal/bench/                                  # the budgets
-//	go test -run '^$' -bench . -benchtime 1s -count 5 ./internal/bench/ | tee new.txt
+//	go test ./internal/tests/bench/                            # the budgets
+//	go test -run '^$' -bench . -benchtime 1s -count 5 ./internal/tests/bench/ | tee new.txt
 //	benchstat new.txt
 //
 // See docs/performance.md for the figures and how to read them.
