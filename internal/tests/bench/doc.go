@@ -3,13 +3,15 @@
 // real redis-server and PostgreSQL server when there are: see
 // internal/redistest and internal/pgtest) against the same handler without
 // the middleware, the cost of pgstore's Fence in a handler's own
-// transaction, and tests that hold the deterministic budgets (store round
+// transaction, the memory store and the middleware on it under
+// b.RunParallel (BenchmarkParallel, for -cpu 1,2,4,8,16 and a mutex
+// profile), and tests that hold the deterministic budgets (store round
 // trips, allocations, bytes per stored record).
 //
 // The package holds only tests:
 //
-//	go test ./internal/bench/                                  # the budgets
-//	go test -run '^$' -bench . -benchtime 1s -count 5 ./internal/bench/ | tee new.txt
+//	go test ./internal/tests/bench/                            # the budgets
+//	go test -run '^$' -bench . -benchtime 1s -count 5 ./internal/tests/bench/ | tee new.txt
 //	benchstat new.txt
 //
 // See docs/performance.md for the figures and how to read them.

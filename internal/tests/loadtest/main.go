@@ -23,13 +23,34 @@
 // PX, then SET PX of 512 bytes) or a replay's one (GET) with go-redis or
 // with rueidis, and answer as the protected handler does: what a store of
 // plain commands would cost, through net/http like the protected phases,
-// without idem. It then prints the targets of issue 22 and whether they
+// without idem; and the same commands called without HTTP (go-redis-calls-
+// first and the like), beside the stores' own calls. It then prints the
+// targets of issue 22 and whether they
 // are met, and last each store's first and replay with one client at a
 // time (the latency of a lone request).
 //
+// For each Redis phase (redisstats.go, issue 28) it also prints Redis's own
+// accounting: the time the server spent in the commands the phase's
+// clients sent (INFO commandstats; a script's time includes the commands
+// it runs, listed apart and not added) and the server's CPU (INFO cpu, of
+// the main thread where Redis reports it), per request, and each command's
+// calls per request and time per call. Command time does not depend on
+// the machine as req/s does, and Redis, single-threaded and shared by a
+// whole fleet, caps the fleet by it: the tool prints idem's command time
+// over the naive floor's (first execution: SET NX PX + SET PX; replay: GET)
+// against the targets of issue 28 (first <= 2.5x, replay <= 2x). The phases
+// run one at a time; before each Redis phase the tool runs CONFIG RESETSTAT,
+// after it INFO commandstats and INFO cpu, and takes the differences.
+//
 // With -store redis and no -redis address it starts its own redis-server
 // (no persistence, a free loopback port) and kills it, and waits for it, on
-// exit. Against a server given with -redis it deletes the keys it wrote.
+// exit. Against a server given with -redis it deletes the keys it wrote,
+// and CONFIG RESETSTAT resets that server's statistics (commandstats,
+// errorstats, latencystats, the counters of INFO stats) for everyone who
+// uses it: on a shared server, pass -resetstat=false, and the figures come
+// from the differences of the counters alone (the same, unless other
+// clients run commands meanwhile, which they then include; where CONFIG is
+// refused, as on some managed services, -resetstat=false is needed too).
 package main
 
 import (
@@ -73,24 +94,31 @@ func main() {
 	concurrency := flag.Int("concurrency", 32, "concurrent clients")
 	storeName := flag.String("store", "memory", "store: memory or redis")
 	redisAddr := flag.String("redis", "", "address of a running Redis (default: start a redis-server from PATH)")
+	resetStat := flag.Bool("resetstat", true, "CONFIG RESETSTAT before each Redis phase (false: the differences of the counters, for a shared server)")
 	flag.Parse()
 	if *concurrency < 1 || *duration <= 0 {
 		log.Fatal("loadtest: -concurrency and -duration must be positive")
 	}
-	if err := run(*duration, *concurrency, *storeName, *redisAddr); err != nil {
+	if err := run(*duration, *concurrency, *storeName, *redisAddr, *resetStat); err != nil {
 		log.Fatal("loadtest: ", err)
 	}
 }
 
-func run(duration time.Duration, concurrency int, storeName, redisAddr string) error {
+func run(duration time.Duration, concurrency int, storeName, redisAddr string, resetStat bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	stores, addr, closeStores, err := openStores(storeName, redisAddr, concurrency)
+	sent := new(sentCounter)
+	stores, addr, closeStores, err := openStores(storeName, redisAddr, concurrency, sent)
 	if err != nil {
 		return err
 	}
 	defer closeStores()
+	var stats *redisStats // Redis's accounting of each phase
+	if addr != "" {
+		stats = newRedisStats(addr, sent, resetStat)
+		defer stats.Close()
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /bare", http.HandlerFunc(handler))
@@ -101,8 +129,11 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 		}
 		mux.Handle("POST /"+st.name+"/orders", nethttp.Middleware(m)(http.HandlerFunc(handler)))
 	}
+	var naives map[string]naive // the naive floors' commands, by client
+	var naiveKey func(string) string
 	if addr != "" {
-		closeFloors, err := redisFloors(mux, addr, concurrency, idem.DefaultLease, idem.DefaultTTL)
+		var closeFloors func()
+		naives, naiveKey, closeFloors, err = redisFloors(mux, addr, concurrency, idem.DefaultLease, idem.DefaultTTL, sent)
 		if err != nil {
 			return err
 		}
@@ -157,11 +188,12 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	var latency []phase
 	for _, st := range stores {
 		path := "/" + st.name + "/orders"
-		first := phase{name: st.name + "-first", do: func(w int) error { return post(w, path, newKey("first-"), false) }}
+		first := phase{name: st.name + "-first", redis: addr != "", do: func(w int) error { return post(w, path, newKey("first-"), false) }}
 		var replayKeys []string // one per client, stored by prepare
 		replay := phase{
-			name: st.name + "-replay",
-			do:   func(w int) error { return post(w, path, replayKeys[w], true) },
+			name:  st.name + "-replay",
+			redis: addr != "",
+			do:    func(w int) error { return post(w, path, replayKeys[w], true) },
 			// One stored key per client, then replays only.
 			prepare: func(clients int) error {
 				replayKeys = replayKeys[:0]
@@ -180,7 +212,8 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	for _, st := range stores {
 		floorKey := func(w int) string { return "floor-replay-" + strconv.Itoa(w) }
 		phases = append(phases, phase{
-			name: st.name + "-floor-first",
+			name:  st.name + "-floor-first",
+			redis: addr != "",
 			do: func(int) error {
 				k := newKey("floor-")
 				if res, err := st.Acquire(ctx, k, owner, fp, lease); err != nil || res.State != storage.Acquired {
@@ -189,7 +222,8 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 				return st.Complete(ctx, k, owner, encoded, ttl)
 			},
 		}, phase{
-			name: st.name + "-floor-replay",
+			name:  st.name + "-floor-replay",
+			redis: addr != "",
 			do: func(w int) error {
 				res, err := st.Acquire(ctx, floorKey(w), owner+"x", fp, lease)
 				if err == nil && res.State != storage.Done {
@@ -212,23 +246,70 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	}
 	if addr != "" {
 		for _, client := range []string{"go-redis", "rueidis"} {
+			replay := func(w int) error {
+				return post(w, "/"+client+"/replay", client+"-replay-"+strconv.Itoa(w), false)
+			}
+			first := phase{name: client + "-first", redis: true, do: func(w int) error {
+				return post(w, "/"+client+"/first", newKey(client+"-first-"), false)
+			}}
+			phases = append(phases, first,
+				phase{name: client + "-replay", redis: true, do: replay,
+					// The first request of a key stores it (SET NX PX,
+					// SET PX): made before the phase, which then
+					// makes only GETs.
+					prepare: func(clients int) error {
+						for w := range clients {
+							if err := replay(w); err != nil {
+								return err
+							}
+						}
+						return nil
+					}})
+			latency = append(latency, first, phases[len(phases)-1])
+		}
+		// The naive floors' commands without HTTP, beside the stores'
+		// own calls: the same competition for the cores, so that their
+		// command times compare (see redisstats.go).
+		for _, client := range []string{"go-redis", "rueidis"} {
+			n := naives[client]
+			replayKey := func(w int) string { return naiveKey(client + "-calls-replay-" + strconv.Itoa(w)) }
 			phases = append(phases,
-				phase{name: client + "-first", do: func(w int) error {
-					return post(w, "/"+client+"/first", newKey(client+"-first-"), false)
+				phase{name: client + "-calls-first", redis: true, do: func(int) error {
+					return n.first(ctx, naiveKey(newKey(client+"-calls-first-")))
 				}},
-				phase{name: client + "-replay", do: func(w int) error {
-					return post(w, "/"+client+"/replay", client+"-replay-"+strconv.Itoa(w), false)
-				}})
+				phase{name: client + "-calls-replay", redis: true,
+					do: func(w int) error {
+						v, err := n.replay(ctx, replayKey(w))
+						if err == nil && len(v) != len(recordValue) {
+							err = fmt.Errorf("GET answered %d bytes", len(v))
+						}
+						return err
+					},
+					prepare: func(clients int) error {
+						for w := range clients {
+							if err := n.first(ctx, replayKey(w)); err != nil {
+								return err
+							}
+						}
+						return nil
+					}})
 		}
 	}
 	results := map[string]result{}
 	for _, p := range phases {
-		r, err := p.measure(ctx, duration, concurrency)
+		var s *redisStats
+		if p.redis {
+			s = stats
+		}
+		r, err := p.measure(ctx, duration, concurrency, s)
 		if err != nil {
 			return err
 		}
 		results[p.name] = r
 		fmt.Printf("%-26s %9.0f req/s   p50 %9v   p99 %9v   (%d requests)\n", p.name, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.n)
+		if r.redis != nil {
+			fmt.Printf("    %s\n", r.redis.format(r.n))
+		}
 	}
 
 	b := results["bare"]
@@ -247,6 +328,9 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 		r, f := results[c.name], results[c.floor]
 		fmt.Printf("%-20s %5.1f %% of %-23s %5.1f %% of bare; p50 %.2fx the floor's, p99 %.2fx\n",
 			c.name, 100*r.rate/f.rate, c.floor+",", 100*r.rate/b.rate, ratio(r.p50, f.p50), ratio(r.p99, f.p99))
+	}
+	if stats != nil {
+		printCommandTimeRatios(fmt.Sprintf("%d clients", concurrency), results, stores)
 	}
 	if addr != "" {
 		fmt.Println("\ntargets of issue 22, idem on rueidisstore:")
@@ -267,14 +351,28 @@ func run(duration time.Duration, concurrency int, storeName, redisAddr string) e
 	}
 
 	// Latency of one request at a time: a pipelining client must not add
-	// any when idle.
+	// any when idle. Redis's accounting too: with one client, the load
+	// tool leaves the cores to Redis more than at full load, so that its
+	// command times are closer to the commands' own (see redisstats.go).
 	fmt.Println("\none client at a time:")
+	lone := map[string]result{}
 	for _, p := range latency {
-		r, err := p.measure(ctx, duration, 1)
+		var s *redisStats
+		if p.redis {
+			s = stats
+		}
+		r, err := p.measure(ctx, duration, 1, s)
 		if err != nil {
 			return err
 		}
+		lone[p.name] = r
 		fmt.Printf("%-26s %9.0f req/s   p50 %9v   p99 %9v   (%d requests)\n", p.name, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.n)
+		if r.redis != nil {
+			fmt.Printf("    %s\n", r.redis.format(r.n))
+		}
+	}
+	if stats != nil {
+		printCommandTimeRatios("one client at a time", lone, stores)
 	}
 	return nil
 }
@@ -298,18 +396,36 @@ type phase struct {
 	// prepare, when set, readies the store for clients clients (the keys
 	// that replays ask for) before the phase runs.
 	prepare func(clients int) error
+	// redis says the phase makes Redis commands: Redis's accounting of it
+	// is read.
+	redis bool
 }
 
-// measure prepares and runs the phase.
-func (p phase) measure(ctx context.Context, d time.Duration, clients int) (result, error) {
+// measure prepares and runs the phase; with stats, it reads Redis's
+// accounting of the phase (after prepare: of the phase's requests only).
+func (p phase) measure(ctx context.Context, d time.Duration, clients int, stats *redisStats) (result, error) {
 	if p.prepare != nil {
 		if err := p.prepare(clients); err != nil {
+			return result{}, fmt.Errorf("%s: %w", p.name, err)
+		}
+	}
+	var before serverSnapshot
+	if stats != nil {
+		var err error
+		if before, err = stats.begin(ctx); err != nil {
 			return result{}, fmt.Errorf("%s: %w", p.name, err)
 		}
 	}
 	r, err := p.run(ctx, d, clients)
 	if err != nil {
 		return result{}, fmt.Errorf("%s: %w", p.name, err)
+	}
+	if stats != nil {
+		s, err := stats.end(ctx, before)
+		if err != nil {
+			return result{}, fmt.Errorf("%s: %w", p.name, err)
+		}
+		r.redis = &s
 	}
 	return r, nil
 }
@@ -318,6 +434,7 @@ type result struct {
 	n        int
 	rate     float64
 	p50, p99 time.Duration
+	redis    *phaseStats // Redis's accounting, for a Redis phase
 }
 
 // run sends requests from concurrency clients for d and returns the rate
@@ -374,7 +491,7 @@ type namedStore struct {
 // Redis stores (redisstore on go-redis, rueidisstore on rueidis) on one
 // Redis. It returns the Redis address ("" for memory) and the function
 // that closes them and whatever it started.
-func openStores(name, addr string, concurrency int) ([]namedStore, string, func(), error) {
+func openStores(name, addr string, concurrency int, sent *sentCounter) ([]namedStore, string, func(), error) {
 	switch name {
 	case "memory":
 		s := memstore.New(memstore.WithMaxEntries(1 << 20))
@@ -396,6 +513,7 @@ func openStores(name, addr string, concurrency int) ([]namedStore, string, func(
 	opt := redisstore.ClientOptions(addr)
 	opt.PoolSize = concurrency + 4
 	rdb := redis.NewClient(opt)
+	rdb.AddHook(sent)
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		rdb.Close()
 		stopServer()
@@ -407,6 +525,7 @@ func openStores(name, addr string, concurrency int) ([]namedStore, string, func(
 		stopServer()
 		return nil, "", nil, fmt.Errorf("rueidis: %w", err)
 	}
+	ru = countRueidis(ru, sent)
 	prefix := fmt.Sprintf("idem-loadtest:%d:", time.Now().UnixNano())
 	return []namedStore{
 			{"redisstore", redisstore.New(rdb, redisstore.WithPrefix(prefix+"r:"))},

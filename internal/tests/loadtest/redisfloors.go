@@ -33,17 +33,21 @@ type naive struct {
 // shared writes), POST /<client>/first and /<client>/replay, handlers
 // that make those round trips for the request's Idempotency-Key and then
 // answer as the protected handler does, with no script and no idem. It
-// returns the function that closes their clients and deletes their keys.
+// returns the clients' commands by name, for phases that call them
+// without HTTP (their keys under the prefix key), and the function that
+// closes the clients and deletes their keys.
 // Each client's pool, or pipeline, is sized for concurrency clients, as
 // the store's client is.
-func redisFloors(mux *http.ServeMux, addr string, concurrency int, lease, ttl time.Duration) (func(), error) {
+func redisFloors(mux *http.ServeMux, addr string, concurrency int, lease, ttl time.Duration, sent *sentCounter) (map[string]naive, func(string) string, func(), error) {
 	prefix := fmt.Sprintf("idem-loadtest-floor:%d:", time.Now().UnixNano())
 	gr := redis.NewClient(&redis.Options{Addr: addr, PoolSize: concurrency + 4})
 	ru, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
 	if err != nil {
 		gr.Close()
-		return nil, fmt.Errorf("rueidis: %w", err)
+		return nil, nil, nil, fmt.Errorf("rueidis: %w", err)
 	}
+	gr.AddHook(sent)
+	ru = countRueidis(ru, sent)
 	clients := map[string]naive{
 		"go-redis": {
 			first: func(ctx context.Context, k string) error {
@@ -104,7 +108,8 @@ func redisFloors(mux *http.ServeMux, addr string, concurrency int, lease, ttl ti
 			io.WriteString(w, v)
 		})
 	}
-	return func() {
+	key := func(k string) string { return prefix + k }
+	return clients, key, func() {
 		deleteKeys(gr, prefix)
 		ru.Close()
 		gr.Close()
