@@ -14,8 +14,9 @@ import (
 var _ storage.Inspector = (*Store)(nil)
 
 // Lookup implements [storage.Inspector.Lookup]: one script, one round
-// trip. Since is zero for an entry written by a release before the stamp
-// (see Layout in the package documentation). Errors wrap
+// trip. Since is a time of the clock of the instance that wrote the
+// entry (Expires, the server's); it is zero for an entry written by a
+// release before the stamp (see Layout in the package documentation). Errors wrap
 // [storage.ErrNotFound], or say that Redis could not be reached, failed,
 // or holds a value under the key that is not an entry.
 func (s *Store) Lookup(ctx context.Context, key string, withRecord bool) (storage.Entry, error) {

@@ -7,18 +7,25 @@
 // It works with any redis.UniversalClient (redis.Client, redis.ClusterClient,
 // redis.FailoverClient) unchanged.
 //
-// Each operation is one Lua script on one key, a redis.Script run the way
-// Script.Run does (EVALSHA, then EVAL when the server does not have the
-// script cached; the EVALSHA command is built here, with fewer allocations
-// than Script.Run needs), so
-// it is atomic, costs one round trip once the script is cached, and routes
-// to the right Redis Cluster node: a script touches KEYS[1] only. Every key
-// carries a TTL, sent in milliseconds and rounded up (never 0, which
-// PEXPIRE takes as "delete now"). Every script gives the same answer when
-// run twice, so go-redis's retries after a timeout are harmless, except
-// Issue's: run twice, it answers [storage.ErrExists] the second time, as
-// the contract asks of an Issue of a key that has an entry (the key is
-// issued all the same).
+// It needs Redis 7.0 or newer, and says so (see [ErrRedisVersion]).
+//
+// Each operation is one command on one key, so it is atomic, costs one
+// round trip and routes to the right Redis Cluster node. An Acquire is a
+// SET key value NX PX lease GET, which makes the in-flight entry or
+// answers the one there (a replay costs Redis about what a GET does);
+// only another owner's entry costs a second command (PTTL, for the lease
+// left), and an issued entry or the owner's own (a resent Acquire) the
+// Acquire script. The other operations are Lua scripts on KEYS[1] only,
+// run the way redis.Script.Run does (EVALSHA, then EVAL when the server
+// does not have the script cached; the EVALSHA command is built here,
+// with fewer allocations than Script.Run needs). Every key carries a
+// TTL, sent in milliseconds and rounded up (never 0, which PEXPIRE takes
+// as "delete now"). Every command gives the same answer when sent twice,
+// so go-redis's retries after a timeout are harmless (an Acquire resent
+// after its first made the entry finds the owner's own entry, and renews
+// it), except Issue's: run twice, it answers [storage.ErrExists] the
+// second time, as the contract asks of an Issue of a key that has an
+// entry (the key is issued all the same).
 //
 // # Eviction
 //
@@ -59,10 +66,11 @@
 //	'I' ttl                                                   when issued
 //	'D' len(fingerprint) fingerprint record                   when done, written by an older release, unstamped
 //
-// The stamp holds when the entry entered its state, by the server's clock
-// (TIME): since is the Unix time in milliseconds, in 6 bytes, most
-// significant first (7 bytes in all: a stored record of a few hundred
-// bytes stays in its allocation class). A renewal (Extend, an Acquire
+// The stamp holds when the entry entered its state, by the clock of the
+// instance that wrote it (releases before the Acquire was a SET NX GET
+// used the server's TIME; the layout is the same): since is the Unix time
+// in milliseconds, in 6 bytes, most significant first (7 bytes in all: a
+// stored record of a few hundred bytes stays in its allocation class). A renewal (Extend, an Acquire
 // resent) keeps it; [Store.Lookup] and [Store.List] show it as
 // [storage.Entry.Since]. Entries written by releases before the stamp
 // have none: this release reads them all the same, and shows a zero
@@ -132,6 +140,7 @@ type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
 	guard  redisproto.Guard
+	now    func() time.Time // the clock that stamps entries
 }
 
 var (
@@ -158,8 +167,8 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // an evicted in-flight entry lets a duplicate request run the handler
 // again. Only the operations that start new work check the policy:
 // Acquire, AcquireIssued and Issue ("operation" below means one of
-// these). The first one asks the server for its maxmemory-policy (INFO
-// memory: one round trip, or one per master of a redis.ClusterClient,
+// these). The first one asks the server for its maxmemory-policy and version (INFO
+// default: one round trip, or one per master of a redis.ClusterClient,
 // sent in parallel, or per shard of a redis.Ring) and waits for the
 // answer; from then on the verdict stands for about a minute, after which
 // the next operation starts a check in the background and goes on with
@@ -184,7 +193,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 //     time, and noeviction then costs nothing.
 //   - A server that does not report a policy is not refused: an INFO
 //     answer without the maxmemory_policy field (miniredis answers INFO
-//     memory with an error), an INFO refused with NOPERM by an ACL, or
+//     default with an error), an INFO refused with NOPERM by an ACL, or
 //     an unknown or renamed INFO command. The verdict allows, and stands
 //     like any other. Grant +info to the client's ACL user for the check
 //     to work.
@@ -223,7 +232,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // but Issue's, whose retry may answer [storage.ErrExists] for the key it
 // issued.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{rdb: rdb, prefix: DefaultPrefix}
+	s := &Store{rdb: rdb, prefix: DefaultPrefix, now: time.Now}
 	s.guard.Ask = s.askPolicy
 	for _, o := range opts {
 		if o != nil {
@@ -239,10 +248,20 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 // not allocate, and written through their MarshalBinary. Every argument
 // still prints as its value in hooks that format commands (tracing, logs).
 type call struct {
-	args [7]any
-	key  string
-	rec  record
-	n    millis
+	args  [9]any
+	key   string
+	rec   record
+	n     millis
+	val   record // the value of Acquire's SET, over buf
+	stamp record // the stamp, over buf
+	olen  record // the owner's length (Complete), over buf
+	buf   [96]byte
+}
+
+// stamped sets c.stamp to the stamp of now.
+func (c *call) stamped(now time.Time) *record {
+	c.stamp = redisproto.AppendStamp(c.buf[:0], now)
+	return &c.stamp
 }
 
 // record is a record as a script argument, written as is.
@@ -332,21 +351,19 @@ func ClientOptions(addr string) *redis.Options {
 }
 
 // Acquire implements [storage.Store.Acquire]; given an issued entry, it
-// takes it as AcquireIssued does. Errors wrap
-// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
-// be reached, failed, or holds a value under the key that is not an entry.
+// takes it as AcquireIssued does. Errors wrap [storage.ErrInvalid],
+// [ErrEvictionPolicy] or [ErrRedisVersion], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an
+// entry.
+//
+// It sends SET key value NX PX lease GET, which makes the processing
+// entry or answers the one there, unchanged: a new key or a done one
+// (a replay) costs that one command. Another owner's processing entry
+// costs a PTTL more, for its lease left; an issued entry, or the
+// owner's own processing entry (a resent Acquire, whose lease is
+// renewed), the Acquire script more.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	return s.acquire(ctx, "acquire", acquire, redisproto.AcquireResult, key, owner, fingerprint, lease)
-}
-
-// AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
-// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
-// be reached, failed, or holds a value under the key that is not an entry.
-func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	return s.acquire(ctx, "acquire issued", acquireIssued, redisproto.AcquireIssuedResult, key, owner, fingerprint, lease)
-}
-
-func (s *Store) acquire(ctx context.Context, op string, sc script, result func(redisproto.Reply) (storage.Result, error), key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	const op = "acquire"
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
@@ -354,7 +371,66 @@ func (s *Store) acquire(ctx context.Context, op string, sc script, result func(r
 		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(lease)}}
-	reply, err := s.run(ctx, sc, c, owner, fingerprint, &c.n)
+	c.val = redisproto.AppendProcessing(c.buf[:0], s.now(), fingerprint, owner)
+	c.args[0], c.args[1], c.args[2], c.args[3], c.args[4], c.args[5], c.args[6] = "set", c.key, &c.val, "nx", "px", &c.n, "get"
+	cmd := redis.NewStringCmd(ctx, c.args[:7]...)
+	cmd.SetFirstKeyPos(1)
+	err := s.rdb.Process(ctx, cmd)
+	found := err == nil
+	switch {
+	case errors.Is(err, redis.Nil):
+	case redis.HasErrorPrefix(err, "WRONGTYPE"): // a key of another type: not an entry
+		return storage.Result{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, redisproto.ErrCorrupt)
+	case isRedisError(err) && redisproto.SetRefused(err.Error()):
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, redisproto.VersionRefusal(err))
+	case err != nil:
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	res, next, err := redisproto.SetResult(cmd.Val(), found, owner)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
+	}
+	switch next {
+	case redisproto.AskLeaseLeft:
+		pttl := redis.NewIntCmd(ctx, "pttl", c.key)
+		pttl.SetFirstKeyPos(1)
+		if err := s.rdb.Process(ctx, pttl); err != nil {
+			return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
+		}
+		res.LeaseLeft = redisproto.LeaseLeft(pttl.Val())
+	case redisproto.RunAcquire:
+		c.stamp = c.val[1:7]
+		return s.acquireScript(ctx, op, acquire, redisproto.AcquireResult, c, owner, fingerprint)
+	}
+	return res, nil
+}
+
+// isRedisError reports whether err is an error reply of the server.
+func isRedisError(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && !errors.Is(err, redis.Nil)
+}
+
+// AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
+// [storage.ErrInvalid], [ErrEvictionPolicy] or [ErrRedisVersion], or say
+// that Redis could not be reached, failed, or holds a value under the
+// key that is not an entry.
+func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	const op = "acquire issued"
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	if err := s.guard.Check(ctx); err != nil {
+		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(lease)}}
+	c.stamped(s.now())
+	return s.acquireScript(ctx, op, acquireIssued, redisproto.AcquireIssuedResult, c, owner, fingerprint)
+}
+
+// acquireScript runs an acquire script with c's key, lease and stamp.
+func (s *Store) acquireScript(ctx context.Context, op string, sc script, result func(redisproto.Reply) (storage.Result, error), c *call, owner, fingerprint string) (storage.Result, error) {
+	reply, err := s.run(ctx, sc, c, owner, fingerprint, &c.n, &c.stamp)
 	if err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
@@ -381,7 +457,7 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 		return fmt.Errorf("redisstore: issue: %w", err)
 	}
 	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(ttl)}}
-	reply, err := s.run(ctx, issue, c, &c.n)
+	reply, err := s.run(ctx, issue, c, &c.n, c.stamped(s.now()))
 	if err != nil {
 		return fmt.Errorf("redisstore: issue: %w", err)
 	}
@@ -405,7 +481,9 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
 	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: redisproto.Millis(ttl)}}
-	return s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n)
+	c.stamped(s.now())
+	c.olen = redisproto.AppendUvarint(c.stamp[len(c.stamp):], uint64(len(owner)))
+	return s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n, &c.stamp, &c.olen)
 }
 
 // Release implements [storage.Store.Release]: an entry taken from an issue
@@ -416,7 +494,7 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 // or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
 	c := &call{key: s.prefix + key}
-	return s.owned(ctx, "release", release, c, owner)
+	return s.owned(ctx, "release", release, c, owner, c.stamped(s.now()))
 }
 
 // Extend implements [storage.Store.Extend]. It is never refused for the

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,15 +65,19 @@ func each(t *testing.T, f func(t *testing.T, rdb *redis.Client, mr *miniredis.Mi
 func TestContractMiniredis(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		mr := miniredis.RunT(t)
-		// Advance moves both clocks of miniredis: the TTLs' and TIME's.
-		now := time.Now()
-		mr.SetTime(now)
+		// Advance moves both clocks of miniredis, the TTLs' and TIME's,
+		// and the store's, which stamps entries (read by its policy
+		// check's goroutine too: atomic).
+		var now atomic.Int64
+		now.Store(time.Now().UnixNano())
+		mr.SetTime(time.Unix(0, now.Load()))
 		advance := func(d time.Duration) {
-			now = now.Add(d)
-			mr.SetTime(now)
+			mr.SetTime(time.Unix(0, now.Add(int64(d))))
 			mr.FastForward(d)
 		}
-		return storagetest.Harness{Store: redisstore.New(client(t, mr.Addr())), Advance: advance}
+		s := redisstore.New(client(t, mr.Addr()))
+		redisstore.SetClock(s, func() time.Time { return time.Unix(0, now.Load()) })
+		return storagetest.Harness{Store: s, Advance: advance}
 	})
 }
 
@@ -99,12 +104,22 @@ func TestContractRedisCluster(t *testing.T) {
 // protocolHarness is the harness of the protocol's suite on rdb; mr, when
 // not nil, is rdb's server, of the test's own, whose clock the suite sets.
 func protocolHarness(rdb *redis.Client, mr *miniredis.Miniredis) redisprototest.Harness {
+	var clock atomic.Pointer[time.Time] // the stores' clock once SetTime set it
 	h := redisprototest.Harness{
 		New: func(prefix string) redisprototest.Store {
-			if prefix == "" {
-				return redisstore.New(rdb)
+			s := redisstore.New(rdb)
+			if prefix != "" {
+				s = redisstore.New(rdb, redisstore.WithPrefix(prefix))
 			}
-			return redisstore.New(rdb, redisstore.WithPrefix(prefix))
+			if mr != nil {
+				redisstore.SetClock(s, func() time.Time {
+					if t := clock.Load(); t != nil {
+						return *t
+					}
+					return time.Now()
+				})
+			}
+			return s
 		},
 		Do: func(ctx context.Context, args ...string) (redisproto.Reply, error) {
 			v, err := rdb.Do(ctx, anySlice(args)...).Result()
@@ -115,7 +130,10 @@ func protocolHarness(rdb *redis.Client, mr *miniredis.Miniredis) redisprototest.
 		},
 	}
 	if mr != nil {
-		h.SetTime = mr.SetTime
+		h.SetTime = func(t time.Time) {
+			clock.Store(&t)
+			mr.SetTime(t)
+		}
 	}
 	return h
 }
@@ -140,11 +158,14 @@ func TestProtocol(t *testing.T) {
 }
 
 // TestOneRoundTripEach counts the commands each operation sends, once the
-// scripts are cached: exactly one. After SCRIPT FLUSH, the first run of
-// each script costs two (EVALSHA answered NOSCRIPT, then EVAL) and works.
-// The first operation of each store costs one more, the INFO memory that
-// checks the maxmemory-policy, and no later one does (the verdict stands
-// for PolicyCheckEvery, far longer than the test).
+// scripts are cached: exactly one, but the Acquires of
+// redisprototest.Commands (a SET NX GET that found an entry in flight, or
+// one to take, and the command after it). After SCRIPT FLUSH, the first
+// run of each script costs one more (EVALSHA answered NOSCRIPT, then
+// EVAL) and works. The first operation of each store costs one more, the
+// INFO that checks the maxmemory-policy and the version, and no later one
+// does (the verdict stands for PolicyCheckEvery, far longer than the
+// test).
 func TestOneRoundTripEach(t *testing.T) {
 	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := t.Context()
@@ -169,22 +190,23 @@ func TestOneRoundTripEach(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Index of the first use of each script in Outcomes.
-		first := map[int]bool{0: true, 3: true, 5: true, 6: true, 13: true, 15: true}
-		check := func(i int) int64 {
+		first := map[int]bool{1: true, 3: true, 5: true, 6: true, 13: true, 15: true}
+		base := func(i int) int64 {
+			n := max(redisprototest.Commands[redisprototest.Outcomes[i].Name], 1)
 			if i == 0 {
-				return 1
+				n++ // INFO, the policy's and version's check
 			}
-			return 0
+			return n
 		}
 		run("scripts not cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("flush"))), func(i int) int64 {
 			if first[i] {
-				return 2 + check(i)
+				return base(i) + 1
 			}
-			return 1
+			return base(i)
 		})
-		run("scripts cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("rt"))), func(i int) int64 { return 1 + check(i) })
+		run("scripts cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("rt"))), base)
 		run("scripts cached, policy known", redisstore.New(rdb, redisstore.WithPrefix(prefix("rt2")), redisstore.WithEvictionAllowed()),
-			func(int) int64 { return 1 })
+			func(i int) int64 { return max(redisprototest.Commands[redisprototest.Outcomes[i].Name], 1) })
 	})
 }
 
@@ -291,9 +313,10 @@ func (h *argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestCommandsPrintTheirArguments checks that the EVALSHA commands the
-// store builds print with every argument as its value (not a pointer) in
-// hooks, and that the scripts fall back to EVAL with the same arguments.
+// TestCommandsPrintTheirArguments checks that the commands the store
+// builds (Acquire's SET, Complete's EVALSHA) print with every argument as
+// its value (not a pointer) in hooks, and that the scripts fall back to
+// EVAL with the same arguments.
 func TestCommandsPrintTheirArguments(t *testing.T) {
 	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := t.Context()
@@ -311,13 +334,17 @@ func TestCommandsPrintTheirArguments(t *testing.T) {
 		defer h.mu.Unlock()
 		// On miniredis the scripts are not cached yet: EVALSHA fails with
 		// NOSCRIPT and EVAL follows, and both must print the arguments.
-		for _, want := range []string{" 1 " + p + "k owner-1 fp-1 30000", " 1 " + p + "k owner-1 the-record 3600000"} {
+		for _, want := range []struct{ cmd, args string }{
+			{"set ", "set " + p + "k T"},
+			{"set ", "P\x04fp-1owner-1 nx px 30000 get"},
+			{"evalsha ", " 1 " + p + "k owner-1 the-record 3600000 "},
+		} {
 			found := false
 			for _, c := range h.cmds {
-				found = found || (strings.HasPrefix(c, "evalsha ") && strings.Contains(c, want))
+				found = found || (strings.HasPrefix(c, want.cmd) && strings.Contains(c, want.args))
 			}
 			if !found {
-				t.Errorf("no evalsha printed with %q in %q", want, h.cmds)
+				t.Errorf("no %sprinted with %q in %q", want.cmd, want.args, h.cmds)
 			}
 		}
 		for _, c := range h.cmds {
@@ -342,21 +369,23 @@ func (nilHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestNilReplyIsNotAnEntry: a nil reply (redis.Nil) must not pass for "no
-// entry": every operation fails with an unexpected reply.
+// TestNilReplyIsNotAnEntry: a nil reply (redis.Nil) to a script must not
+// pass for "no entry": every operation that runs one fails with an
+// unexpected reply. (Acquire's SET NX GET answers nil when there was no
+// entry and it made one: there, nil is the answer.)
 func TestNilReplyIsNotAnEntry(t *testing.T) {
 	rdb := client(t, miniredis.RunT(t).Addr())
 	rdb.AddHook(nilHook{})
 	s := redisstore.New(rdb, redisstore.WithEvictionAllowed())
 	ctx := t.Context()
-	_, errAcquire := s.Acquire(ctx, "k", "o", "fp", time.Minute)
+	_, errAcquire := s.AcquireIssued(ctx, "k", "o", "fp", time.Minute)
 	_, errLookup := s.Lookup(ctx, "k", false)
 	for name, err := range map[string]error{
-		"acquire":  errAcquire,
-		"complete": s.Complete(ctx, "k", "o", []byte("r"), time.Minute),
-		"release":  s.Release(ctx, "k", "o"),
-		"issue":    s.Issue(ctx, "k", time.Minute),
-		"lookup":   errLookup,
+		"acquire issued": errAcquire,
+		"complete":       s.Complete(ctx, "k", "o", []byte("r"), time.Minute),
+		"release":        s.Release(ctx, "k", "o"),
+		"issue":          s.Issue(ctx, "k", time.Minute),
+		"lookup":         errLookup,
 	} {
 		if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, storage.ErrNotFound) || !strings.Contains(err.Error(), "unexpected reply") {
 			t.Errorf("%s on a nil reply: %v, want an unexpected reply", name, err)

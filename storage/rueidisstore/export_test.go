@@ -11,7 +11,8 @@ const PolicyCheckEvery = redisproto.CheckEvery
 
 // SetClock makes s read the time from now, for tests that age a verdict
 // without waiting. Call it before s is first used.
-func SetClock(s *Store, now func() time.Time) { s.guard.Now = now }
+// It is also the clock that stamps the entries s writes.
+func SetClock(s *Store, now func() time.Time) { s.guard.Now, s.now = now, now }
 
 // CheckRunning returns the channel closed when the maxmemory-policy check
 // in flight ends, or nil when none is.

@@ -22,6 +22,21 @@ import (
 // wrapped it.
 var ErrEvictionPolicy = redisproto.ErrEvictionPolicy
 
+// ErrRedisVersion means that the Redis server (on a cluster: one of its
+// nodes) is older than 7.0, which the store needs: an Acquire is one SET
+// key value NX PX ms GET, and Redis 6.2 refuses NX with GET. The policy
+// check (see [New]) reads the version too (INFO's redis_version), and
+// every operation that starts new work (Acquire, AcquireIssued, Issue)
+// then fails with an error that wraps ErrRedisVersion and names the
+// version ("idem's Redis stores need Redis 7.0 or newer (SET NX GET); the
+// server is 6.2.14"), and changes nothing: a request gets the
+// middleware's 503, never a wrong answer. With [WithEvictionAllowed]
+// nothing is checked, and an Acquire that the server refuses as a syntax
+// error fails with an error wrapping ErrRedisVersion. A server that does
+// not tell its version (miniredis, an INFO refused by an ACL) is taken
+// for a recent one. It is the very value redisstore.ErrRedisVersion is.
+var ErrRedisVersion = redisproto.ErrRedisVersion
+
 // WithEvictionAllowed turns off the check of the server's maxmemory-policy:
 // the store then works on a Redis that may evict its keys. It is
 // dangerous. Under memory pressure (from this application or from any
@@ -37,7 +52,8 @@ func WithEvictionAllowed() Option { return func(s *Store) { s.guard.Off = true }
 
 // askPolicy asks every node the client knows (c.Nodes(): every master and
 // replica of a Cluster, or the one server, or the master and the replicas
-// it reads from), in parallel, for its maxmemory-policy, and gives the
+// it reads from), in parallel, for its maxmemory-policy and its version,
+// and gives the
 // verdict (see [redisproto.Tally]). A refusal names the node when there
 // are several, or a Cluster.
 func (s *Store) askPolicy(ctx context.Context) (refusal error, ok bool) {
@@ -51,29 +67,30 @@ func (s *Store) askPolicy(ctx context.Context) (refusal error, ok bool) {
 			name = "node " + addr
 		}
 		wg.Go(func() {
-			p, err := policyOf(ctx, n)
+			p, v, err := policyOf(ctx, n)
 			t.Add(p, name, err)
+			t.Version(v, name)
 		})
 	}
 	wg.Wait()
 	return t.Verdict(nil)
 }
 
-// policyOf sends INFO memory to the node n and returns the
-// maxmemory_policy field of the answer, or "" when the node does not
+// policyOf sends INFO default (the default sections, which hold both fields, on
+// every version) to the node n and returns the maxmemory_policy and
+// redis_version fields of the answer, each "" when the node does not
 // tell: the field is missing, or it refuses the command for good (NOPERM
-// from an ACL, an unknown or renamed INFO, a section it does not know:
-// any error reply but the transient ones). It returns an error when the
-// node could not be asked: a network error, a timeout, a nil reply, or a
-// transient error reply (LOADING, BUSY, TRYAGAIN, MASTERDOWN,
-// CLUSTERDOWN).
-func policyOf(ctx context.Context, n rueidis.Client) (string, error) {
-	info, err := n.Do(ctx, n.B().Info().Section("memory").Build()).ToString()
+// from an ACL, an unknown or renamed INFO: any error reply but the
+// transient ones). It returns an error when the node could not be asked:
+// a network error, a timeout, a nil reply, or a transient error reply
+// (LOADING, BUSY, TRYAGAIN, MASTERDOWN, CLUSTERDOWN).
+func policyOf(ctx context.Context, n rueidis.Client) (policy, version string, err error) {
+	info, err := n.Do(ctx, n.B().Info().Section("default").Build()).ToString()
 	if err == nil {
-		return redisproto.ParsePolicy(info), nil
+		return redisproto.ParsePolicy(info), redisproto.ParseVersion(info), nil
 	}
 	if reply, ok := rueidis.IsRedisErr(err); ok && !redisproto.Transient(reply.Error()) {
-		return "", nil
+		return "", "", nil
 	}
-	return "", err
+	return "", "", err
 }

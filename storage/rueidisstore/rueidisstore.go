@@ -23,17 +23,25 @@
 // few connections (auto-pipelining), where go-redis takes a connection of
 // its pool for each command; the store keeps its own work per call small.
 //
-// Each operation is one Lua script on one key, run through rueidis's own
-// Lua support (EVALSHA, then EVAL when the server does not have the
-// script cached), so it is atomic, costs one round trip once the script
-// is cached, and routes to the right Redis Cluster node: a script touches
-// KEYS[1] only. Every key carries a TTL, sent in milliseconds and rounded
-// up (never 0, which PEXPIRE takes as "delete now"). Every script gives
-// the same answer when run twice, except Issue's: run twice, it answers
-// [storage.ErrExists] the second time, as the contract asks of an Issue of
-// a key that has an entry (the key is issued all the same). So the
-// scripts are marked retryable: rueidis may resend one after a network
-// error (see [ClientOption] for when, and how often).
+// It needs Redis 7.0 or newer, and says so (see [ErrRedisVersion]).
+//
+// Each operation is one command on one key, so it is atomic, costs one
+// round trip and routes to the right Redis Cluster node. An Acquire is a
+// SET key value NX PX lease GET, which makes the in-flight entry or
+// answers the one there (a replay costs Redis about what a GET does);
+// only another owner's entry costs a second command (PTTL, for the lease
+// left), and an issued entry or the owner's own (a resent Acquire) the
+// Acquire script. The other operations are Lua scripts on KEYS[1] only,
+// run through rueidis's own Lua support (EVALSHA, then EVAL when the
+// server does not have the script cached). Every key carries a TTL, sent
+// in milliseconds and rounded up (never 0, which PEXPIRE takes as "delete
+// now"). Every command gives the same answer when sent twice (an Acquire
+// resent after its first made the entry finds the owner's own entry, and
+// renews it), except Issue's: run twice, it answers [storage.ErrExists]
+// the second time, as the contract asks of an Issue of a key that has an
+// entry (the key is issued all the same). So the commands are marked
+// retryable: rueidis may resend one after a network error (see
+// [ClientOption] for when, and how often).
 //
 // # Eviction
 //
@@ -67,6 +75,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,6 +95,7 @@ type Store struct {
 	c      rueidis.Client
 	prefix string
 	guard  redisproto.Guard
+	now    func() time.Time // the clock that stamps entries
 }
 
 var (
@@ -115,7 +125,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // again. Only the operations that start new work check the policy:
 // Acquire, AcquireIssued and Issue ("operation" below means one of
 // these). The first one asks every node the client knows (c.Nodes()) for
-// its maxmemory-policy (INFO memory, sent to all of them in parallel: the
+// its maxmemory-policy and version (INFO default, sent to all of them in parallel: the
 // one server; each master and each replica of a Cluster, since a replica
 // becomes a master on failover; the master, and the replicas the client
 // reads from, of a Sentinel or standalone client) and waits for the
@@ -145,7 +155,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 //   - A server that does not report a policy is not refused: an INFO
 //     answer without the maxmemory_policy field, an INFO refused with
 //     NOPERM by an ACL, an unknown or renamed INFO command (miniredis
-//     answers INFO memory with an error). The verdict allows, and stands
+//     answers INFO default with an error). The verdict allows, and stands
 //     like any other. Grant +info to the client's ACL user for the check
 //     to work.
 //   - A check that could not be made (a network error or a timeout, a
@@ -163,7 +173,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // Give c the options of [ClientOption], or options as bounded: rueidis's
 // defaults suit batch work, not a request path.
 func New(c rueidis.Client, opts ...Option) *Store {
-	s := &Store{c: c, prefix: DefaultPrefix}
+	s := &Store{c: c, prefix: DefaultPrefix, now: time.Now}
 	s.guard.Ask = s.askPolicy
 	for _, o := range opts {
 		if o != nil {
@@ -272,7 +282,7 @@ var (
 // middleware hands it to the next request.)
 type call struct {
 	buf      []byte
-	args     [4]string
+	args     [6]string
 	n        int  // arguments set
 	answered bool // by the server: the call may go back to the pool
 }
@@ -311,6 +321,20 @@ func (c *call) bytes(b []byte) {
 	c.arg(rueidis.BinaryString(c.buf[i:]))
 }
 
+// stamp adds the stamp of now (see [redisproto.AppendStamp]).
+func (c *call) stamp(now time.Time) {
+	i := len(c.buf)
+	c.buf = redisproto.AppendStamp(c.buf, now)
+	c.arg(rueidis.BinaryString(c.buf[i:]))
+}
+
+// uvarint adds x as an unsigned varint.
+func (c *call) uvarint(x uint64) {
+	i := len(c.buf)
+	c.buf = redisproto.AppendUvarint(c.buf, x)
+	c.arg(rueidis.BinaryString(c.buf[i:]))
+}
+
 // millis adds d in whole milliseconds, rounded up (see [redisproto.Millis]).
 func (c *call) millis(d time.Duration) {
 	i := len(c.buf)
@@ -334,7 +358,7 @@ func (c *call) free() {
 	if !c.answered || cap(c.buf) > maxPooled {
 		return
 	}
-	c.args, c.n, c.answered = [4]string{}, 0, false
+	c.args, c.n, c.answered = [6]string{}, 0, false
 	callPool.Put(c)
 }
 
@@ -373,32 +397,91 @@ func convert(m *rueidis.RedisMessage) redisproto.Reply {
 }
 
 // Acquire implements [storage.Store.Acquire]; given an issued entry, it
-// takes it as AcquireIssued does. Errors wrap
-// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
-// be reached, failed, or holds a value under the key that is not an entry.
+// takes it as AcquireIssued does. Errors wrap [storage.ErrInvalid],
+// [ErrEvictionPolicy] or [ErrRedisVersion], or say that Redis could not
+// be reached, failed, or holds a value under the key that is not an
+// entry.
+//
+// It sends SET key value NX PX lease GET, which makes the processing
+// entry or answers the one there, unchanged: a new key or a done one
+// (a replay) costs that one command. Another owner's processing entry
+// costs a PTTL more, for its lease left; an issued entry, or the
+// owner's own processing entry (a resent Acquire, whose lease is
+// renewed), the Acquire script more. The SET is marked retryable (see
+// [ClientOption]): resent after its first run made the entry, it finds
+// the owner's own entry, and renews it.
 func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	return s.acquire(ctx, "acquire", acquire, redisproto.AcquireResult, key, owner, fingerprint, lease)
-}
-
-// AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
-// [storage.ErrInvalid] or [ErrEvictionPolicy], or say that Redis could not
-// be reached, failed, or holds a value under the key that is not an entry.
-func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
-	return s.acquire(ctx, "acquire issued", acquireIssued, redisproto.AcquireIssuedResult, key, owner, fingerprint, lease)
-}
-
-func (s *Store) acquire(ctx context.Context, op string, sc *rueidis.Lua, result func(redisproto.Reply) (storage.Result, error), key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	const op = "acquire"
 	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
 		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
 	}
 	if err := s.guard.Check(ctx); err != nil {
 		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
 	}
-	c := newCall(s.prefix, key, room)
+	c := newCall(s.prefix, key, 9+len(fingerprint)+len(owner)+room+6)
+	defer c.free()
+	i := len(c.buf)
+	c.buf = redisproto.AppendProcessing(c.buf, s.now(), fingerprint, owner)
+	value := rueidis.BinaryString(c.buf[i:])
+	r := s.c.Do(ctx, s.c.B().Set().Key(c.key()).Value(value).Nx().Get().PxMilliseconds(redisproto.Millis(lease)).Build().ToRetryable())
+	c.answered = r.NonRedisError() == nil
+	v, err := r.ToString()
+	found := err == nil
+	if err != nil && !rueidis.IsRedisNil(err) {
+		if reply, ok := rueidis.IsRedisErr(err); ok {
+			switch {
+			case strings.HasPrefix(reply.Error(), "WRONGTYPE"): // a key of another type: not an entry
+				return storage.Result{}, fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), redisproto.ErrCorrupt)
+			case redisproto.SetRefused(reply.Error()):
+				return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, redisproto.VersionRefusal(err))
+			}
+		}
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	res, next, err := redisproto.SetResult(v, found, owner)
+	if err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), err)
+	}
+	switch next {
+	case redisproto.AskLeaseLeft:
+		pttl, err := s.c.Do(ctx, s.c.B().Pttl().Key(c.key()).Build()).AsInt64()
+		if err != nil {
+			return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+		}
+		res.LeaseLeft = redisproto.LeaseLeft(pttl)
+	case redisproto.RunAcquire:
+		c.arg(owner)
+		c.arg(fingerprint)
+		c.millis(lease)
+		c.arg(value[1:7]) // the stamp
+		return s.acquireScript(ctx, op, acquire, redisproto.AcquireResult, c)
+	}
+	return res, nil
+}
+
+// AcquireIssued implements [storage.Issuer.AcquireIssued]. Errors wrap
+// [storage.ErrInvalid], [ErrEvictionPolicy] or [ErrRedisVersion], or say
+// that Redis could not be reached, failed, or holds a value under the
+// key that is not an entry.
+func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	const op = "acquire issued"
+	if err := storage.CheckAcquire(key, owner, fingerprint, lease); err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	if err := s.guard.Check(ctx); err != nil {
+		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
+	}
+	c := newCall(s.prefix, key, room+6)
 	defer c.free()
 	c.arg(owner)
 	c.arg(fingerprint)
 	c.millis(lease)
+	c.stamp(s.now())
+	return s.acquireScript(ctx, op, acquireIssued, redisproto.AcquireIssuedResult, c)
+}
+
+// acquireScript runs an acquire script with c's arguments.
+func (s *Store) acquireScript(ctx context.Context, op string, sc *rueidis.Lua, result func(redisproto.Reply) (storage.Result, error), c *call) (storage.Result, error) {
 	reply, err := c.run(ctx, s.c, sc)
 	if err != nil {
 		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
@@ -425,9 +508,10 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 	if err := s.guard.Check(ctx); err != nil {
 		return fmt.Errorf("rueidisstore: issue: %w", err)
 	}
-	c := newCall(s.prefix, key, room)
+	c := newCall(s.prefix, key, room+6)
 	defer c.free()
 	c.millis(ttl)
+	c.stamp(s.now())
 	reply, err := c.run(ctx, s.c, issue)
 	if err != nil {
 		return fmt.Errorf("rueidisstore: issue: %w", err)
@@ -455,11 +539,13 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	if ttl <= 0 {
 		return fmt.Errorf("rueidisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	c := newCall(s.prefix, key, len(rec)+room)
+	c := newCall(s.prefix, key, len(rec)+room+6+5)
 	defer c.free()
 	c.arg(owner)
 	c.bytes(rec)
 	c.millis(ttl)
+	c.stamp(s.now())
+	c.uvarint(uint64(len(owner)))
 	return s.owned(ctx, "complete", complete, c)
 }
 
@@ -470,9 +556,10 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 // [storage.ErrNotOwner], or say that Redis could not be reached, failed,
 // or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
-	c := newCall(s.prefix, key, 0)
+	c := newCall(s.prefix, key, 6)
 	defer c.free()
 	c.arg(owner)
+	c.stamp(s.now())
 	return s.owned(ctx, "release", release, c)
 }
 

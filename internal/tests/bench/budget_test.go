@@ -28,8 +28,15 @@ const (
 	memFirstAllocs  = 7
 	memReplayAllocs = 5
 	memPassAllocs   = 0
-	// Redis store, allocations over the bare handler.
-	redisFirstAllocs  = 30
+	// Redis store, allocations over the bare handler. First executions: 30
+	// until issue 28 made an Acquire a SET NX GET (measured 24 to 25
+	// before, 43 to 44 after): its answer to a new key is nil, which
+	// go-redis hands back as the error redis.Nil, and on any error its
+	// Process runs its retry and bad-connection checks (shouldRetry and
+	// its Is*Error calls), about 19 allocations, in the client; Redis's
+	// own time per first execution fell by about two thirds. Replays
+	// fell (10 to 14 before, 9 to 13 after).
+	redisFirstAllocs  = 45
 	redisReplayAllocs = 15
 	// PostgreSQL store, allocations over the bare handler. Issue 4 set no
 	// budget for this store, which came later: these are the levels
@@ -102,6 +109,11 @@ func check(t *testing.T, key string, got, budget float64, format string, args ..
 // roundTrips is the number of store round trips each case costs, on Redis
 // and on PostgreSQL, where each is one statement.
 var roundTrips = map[string]int64{"passthrough": 0, "first": 2, "replay": 1, "conflict": 1}
+
+// redisRoundTrips are the Redis store's, where they differ: a conflict is
+// a SET NX GET that finds another owner's entry, then its PTTL (issue
+// 28: the SET made replays and first executions cheaper for Redis).
+var redisRoundTrips = map[string]int64{"conflict": 2}
 
 // allocsPerRequest returns the allocations of one request of the case on
 // s, averaged by testing.AllocsPerRun.
@@ -225,8 +237,12 @@ func testRoundTrips(t *testing.T, sk storeKind) {
 				if !ok() {
 					t.Fatalf("%s: unexpected answer", name)
 				}
-				if want := roundTrips[name] * n; got != want {
-					t.Errorf("%s: %d round trips for %d requests, want %d each", name, got, n, roundTrips[name])
+				each := roundTrips[name]
+				if r, ok := redisRoundTrips[name]; ok && sk.name == "redis" {
+					each = r
+				}
+				if want := each * n; got != want {
+					t.Errorf("%s: %d round trips for %d requests, want %d each", name, got, n, each)
 				}
 				if c := s.store.pgCounter; c != nil && c.Statements() != got {
 					t.Errorf("%s: %d statements for %d round trips, want as many", name, c.Statements(), got)

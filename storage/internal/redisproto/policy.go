@@ -16,6 +16,17 @@ import (
 // errors.Is matches it whichever store wrapped it.
 var ErrEvictionPolicy = errors.New("idem: Redis maxmemory-policy may evict idempotency keys")
 
+// ErrRedisVersion means that the Redis server (on a cluster: one of its
+// nodes) is older than [MinVersion]: an Acquire is one SET key value NX
+// PX ms GET, which Redis 6.2 refuses (NX with GET came in 7.0). Every
+// operation of a store that starts new work then fails with an error
+// that wraps it and names the version, and changes nothing; the store
+// packages export it under their own names, one value for both.
+var ErrRedisVersion = errors.New("idem: the Redis server is older than 7.0")
+
+// MinVersion is the oldest Redis the stores work with.
+const MinVersion = "7.0"
+
 // CheckEvery is how long a verdict on the maxmemory-policy stands before
 // the next operation starts a check in the background.
 const CheckEvery = time.Minute
@@ -24,7 +35,8 @@ const CheckEvery = time.Minute
 // check outlives the request that started it.
 const CheckTimeout = 5 * time.Second
 
-// Guard refuses to start new work on a server that may evict. The store
+// Guard refuses to start new work on a server that may evict, or that is
+// older than [MinVersion]. The store
 // calls [Guard.Check] before each operation that starts new work
 // (Acquire, AcquireIssued, Issue), and never before one that finishes
 // work (Complete, Release, Extend). Set its fields before first use; the
@@ -157,7 +169,42 @@ type Tally struct {
 	mu      sync.Mutex
 	asked   int
 	evicts  error
+	old     error
 	unknown error
+}
+
+// Version records one server's redis_version ("" when it does not tell,
+// as miniredis, or a server whose INFO is refused, does not): one older
+// than [MinVersion] refuses, whatever the others answer. node names it as
+// in [Tally.Add]. A version that does not read as major.minor is taken
+// for a server that does not tell.
+func (t *Tally) Version(version, node string) {
+	if !olderThan7(version) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.old == nil {
+		t.old = &versionError{version: version, node: node}
+	}
+}
+
+// olderThan7 reports whether version, as INFO's redis_version gives it
+// ("6.2.14"), is older than 7.0; false when it does not read as a
+// version.
+func olderThan7(version string) bool {
+	major, _, ok := strings.Cut(version, ".")
+	if !ok || major == "" || len(major) > 4 {
+		return false
+	}
+	n := 0
+	for _, c := range major {
+		if c < '0' || c > '9' {
+			return false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n < 7
 }
 
 // Add records one server's answer: its policy ("" when it does not tell)
@@ -175,15 +222,19 @@ func (t *Tally) Add(policy, node string, err error) {
 	}
 }
 
-// Verdict returns a refusal when any server reports an evicting policy
-// (even if others could not be asked), no refusal when every one answered
-// without (noeviction, or no policy reported), and ok false (no verdict)
-// when some could not be asked, or none was, or the servers could not be
-// listed (listErr), and none refuses.
+// Verdict returns a refusal when any server is older than [MinVersion]
+// (wrapping [ErrRedisVersion]) or reports an evicting policy (wrapping
+// [ErrEvictionPolicy]), even if others could not be asked; no refusal
+// when every one answered without (noeviction, or no policy reported,
+// and a version of 7.0 or newer, or none reported); and ok false (no
+// verdict) when some could not be asked, or none was, or the servers
+// could not be listed (listErr), and none refuses.
 func (t *Tally) Verdict(listErr error) (refusal error, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
+	case t.old != nil:
+		return t.old, true
 	case t.evicts != nil:
 		return t.evicts, true
 	case listErr != nil || t.unknown != nil || t.asked == 0:
@@ -193,16 +244,36 @@ func (t *Tally) Verdict(listErr error) (refusal error, ok bool) {
 }
 
 // ParsePolicy returns the value of the maxmemory_policy line of an INFO
-// memory answer (also reported on managed services where CONFIG GET is
-// disabled), or "" when there is none.
-func ParsePolicy(info string) string {
+// answer (INFO memory, or INFO's default sections; also reported on
+// managed services where CONFIG GET is disabled), or "" when there is
+// none.
+func ParsePolicy(info string) string { return infoField(info, "maxmemory_policy:") }
+
+// ParseVersion returns the value of the redis_version line of an INFO
+// answer (INFO server, or INFO's default sections), or "" when there is
+// none.
+func ParseVersion(info string) string { return infoField(info, "redis_version:") }
+
+func infoField(info, prefix string) string {
 	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
 			return strings.TrimSpace(v)
 		}
 	}
 	return ""
 }
+
+// SetRefused reports whether an error reply (its text) to an Acquire's
+// SET key value NX PX ms GET is the one Redis 6.2 gives it ("ERR syntax
+// error": it does not take NX with GET). A store whose check is off
+// (WithEvictionAllowed) learns the version that way: it answers
+// [VersionRefusal].
+func SetRefused(msg string) bool { return strings.HasPrefix(msg, "ERR syntax error") }
+
+// VersionRefusal is the error of an Acquire whose SET NX GET the server
+// refused as a syntax error (see [SetRefused]); it wraps
+// [ErrRedisVersion] and says what the server answered.
+func VersionRefusal(reply error) error { return &versionError{reply: reply} }
 
 // Transient reports whether an error reply (its text, as the server sent
 // it) is one a server gives only for a while (LOADING, BUSY, TRYAGAIN,
@@ -239,3 +310,27 @@ func (e *policyError) Error() string {
 }
 
 func (e *policyError) Is(target error) bool { return target == ErrEvictionPolicy }
+
+// versionError is the verdict that refuses a server older than 7.0: it
+// wraps ErrRedisVersion and says which version, on which node.
+type versionError struct {
+	version string // redis_version, or "" when reply says why
+	node    string
+	reply   error // the server's answer to SET NX GET, when version is ""
+}
+
+func (e *versionError) Error() string {
+	msg := "idem's Redis stores need Redis " + MinVersion + " or newer (SET NX GET); "
+	if e.version == "" {
+		return msg + "the server answered SET NX GET with: " + e.reply.Error()
+	}
+	msg += "the server is " + e.version
+	if e.node != "" {
+		msg += " (" + e.node + ")"
+	}
+	return msg
+}
+
+func (e *versionError) Is(target error) bool { return target == ErrRedisVersion }
+
+func (e *versionError) Unwrap() error { return e.reply }

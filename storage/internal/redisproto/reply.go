@@ -87,10 +87,7 @@ func AcquireResult(r Reply) (storage.Result, error) {
 		fp, ok1 := r.Array[1].str()
 		pttl, ok2 := r.Array[2].code()
 		if ok0 && ok1 && ok2 && code == codeInFlight {
-			// PTTL is in whole ms and may read 0 in the entry's last
-			// millisecond; the contract promises at least 1ms.
-			left := max(time.Duration(pttl)*time.Millisecond, time.Millisecond)
-			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: left}, nil
+			return storage.Result{State: storage.InFlight, Fingerprint: fp, LeaseLeft: LeaseLeft(pttl)}, nil
 		}
 	}
 	return storage.Result{}, Unexpected(r)
@@ -278,3 +275,124 @@ func Unexpected(r Reply) error {
 }
 
 func unexpectedString() error { return fmt.Errorf("%w: a string", ErrReply) }
+
+// AppendStamp appends the stamp of an entry written at now: its Unix
+// time in milliseconds, in 6 bytes, most significant first (the 'T' that
+// precedes them in a value is not part of it). The scripts take it as an
+// argument: an entry is stamped by the clock of the instance that wrote
+// it, not by the server's (TIME would cost every script a command).
+func AppendStamp(dst []byte, now time.Time) []byte {
+	ms := now.UnixMilli()
+	return append(dst, byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms))
+}
+
+// AppendProcessing appends the value of a new processing entry: the
+// stamp of now, then 'P', the fingerprint's length, the fingerprint and
+// the owner. A store's Acquire sends it as SET key value NX PX lease GET.
+func AppendProcessing(dst []byte, now time.Time, fingerprint, owner string) []byte {
+	dst = AppendStamp(append(dst, 'T'), now)
+	dst = append(dst, 'P', byte(len(fingerprint)))
+	return append(append(dst, fingerprint...), owner...)
+}
+
+// AppendUvarint appends x as an unsigned varint (7 bits a byte, least
+// significant first, as encoding/binary's): the owner's length in a 'C'
+// entry, which the Complete script takes as an argument.
+func AppendUvarint(dst []byte, x uint64) []byte {
+	for x >= 0x80 {
+		dst = append(dst, byte(x)|0x80)
+		x >>= 7
+	}
+	return append(dst, byte(x))
+}
+
+// Next says what a store does after the SET NX GET of an Acquire, when
+// [SetResult] has no answer yet.
+type Next uint8
+
+const (
+	// Answered: the result is the answer.
+	Answered Next = iota
+	// AskLeaseLeft: the key holds another owner's processing entry, and
+	// the result says so; the store asks its PTTL and sets the result's
+	// LeaseLeft from it with [LeaseLeft].
+	AskLeaseLeft
+	// RunAcquire: the key holds an issued entry, to be taken, or the
+	// caller's own processing entry (a resent Acquire), whose lease is to
+	// be renewed: the store runs the Acquire script, which does either
+	// atomically (or whatever the entry now calls for), and answers as
+	// [AcquireResult] reads its answer.
+	RunAcquire
+)
+
+// SetResult maps the answer of an Acquire's SET NX GET for owner: found
+// is false for a nil answer (there was no entry: the SET made one), and
+// v is the value it found otherwise, which the SET left alone. A done
+// entry is answered with its fingerprint (a substring of v) and a copy
+// of its record; a processing entry of another owner is in flight (its
+// lease left to ask, see [AskLeaseLeft]); an issued entry and the owner's
+// own processing entry call for the Acquire script ([RunAcquire]). A
+// value that is not an entry is [ErrCorrupt], as the scripts answer it.
+func SetResult(v string, found bool, owner string) (storage.Result, Next, error) {
+	if !found {
+		return storage.Result{State: storage.Acquired}, Answered, nil
+	}
+	_, e, ok := cutStamp(v)
+	if !ok || len(e) == 0 {
+		return storage.Result{}, Answered, ErrCorrupt
+	}
+	switch e[0] {
+	case 'C', 'D':
+		res, err := doneResult(v)
+		if err != nil {
+			return storage.Result{}, Answered, ErrCorrupt
+		}
+		return res, Answered, nil
+	case 'I':
+		if !validTTL(e[1:]) {
+			break
+		}
+		return storage.Result{}, RunAcquire, nil
+	case 'P', 'Q':
+		if len(e) < 2 || len(e) < 2+int(e[1]) {
+			break
+		}
+		n := 2 + int(e[1])
+		fp, rest := e[2:n], e[n:]
+		if e[0] == 'Q' {
+			if len(rest) == 0 || len(rest) < 2+int(rest[0]) || !validTTL(rest[1:1+int(rest[0])]) {
+				break
+			}
+			rest = rest[1+int(rest[0]):]
+		}
+		if rest == "" {
+			break
+		}
+		if rest == owner {
+			return storage.Result{}, RunAcquire, nil
+		}
+		return storage.Result{State: storage.InFlight, Fingerprint: fp}, AskLeaseLeft, nil
+	}
+	return storage.Result{}, Answered, ErrCorrupt
+}
+
+// validTTL reports whether t is a TTL as an issued entry holds it: 1 to
+// 15 decimal digits, without a leading zero.
+func validTTL(t string) bool {
+	if len(t) == 0 || len(t) > 15 || t[0] == '0' {
+		return false
+	}
+	for i := range len(t) {
+		if t[i] < '0' || t[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// LeaseLeft is the lease left of an entry whose PTTL answered pttl (in
+// ms): at least 1 ms, as the contract promises, also when the entry
+// expired since it was read (-2) or in its last millisecond (0).
+func LeaseLeft(pttl int64) time.Duration {
+	return max(time.Duration(pttl)*time.Millisecond, time.Millisecond)
+}

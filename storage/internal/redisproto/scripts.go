@@ -1,12 +1,13 @@
 // Package redisproto is the protocol that idem's Redis stores speak: the
-// Lua scripts, the layout of an entry, the parsing of the scripts'
+// commands and Lua scripts, the layout of an entry, the parsing of the
 // answers, the cursor of a listing and the guard against a server that
-// may evict. It depends on no Redis client: each store module
-// (storage/redisstore on go-redis, storage/rueidisstore on rueidis) is a
-// thin transport that sends the scripts through its client and hands the
-// answers back here, so both stores read and write the very same entries
-// and give the very same answers, and a service may move from one to the
-// other (or run both during a deploy) without a rolling-deploy hazard.
+// may evict or is too old. It depends on no Redis client: each store
+// module (storage/redisstore on go-redis, storage/rueidisstore on rueidis)
+// is a thin transport that sends the commands through its client and
+// hands the answers back here, so both stores read and write the very
+// same entries and give the very same answers, and a service may move
+// from one to the other (or run both during a deploy) without a
+// rolling-deploy hazard.
 //
 // The package is internal to the storage tree. The store modules require
 // the core module at the version they were released with; its API only
@@ -24,14 +25,57 @@
 //	'I' ttl                                                   when issued
 //	'D' len(fingerprint) fingerprint record                   when done, written by an older release, unstamped
 //
-// The stamp holds when the entry entered its state, by the server's clock
-// (TIME): since is the Unix time in milliseconds, in 6 bytes, most
-// significant first (7 bytes in all). The state is one byte; the
-// fingerprint's length is one byte; ttl is decimal digits without a
-// leading zero (at most 15), after its length in one byte in a 'Q' entry;
-// len(owner) in a 'C' entry is an unsigned varint of at most 5 bytes,
-// never 0. The store packages' documentation says what each state means
-// to a caller.
+// The stamp holds when the entry entered its state, by the clock of the
+// instance that wrote it (releases before the Acquire was a SET NX GET
+// stamped by the server's TIME; the bytes are the same): since is the
+// Unix time in milliseconds, in 6 bytes, most significant first (7 bytes
+// in all). The state is one byte; the fingerprint's length is one byte;
+// ttl is decimal digits without a leading zero (at most 15), after its
+// length in one byte in a 'Q' entry; len(owner) in a 'C' entry is an
+// unsigned varint of at most 5 bytes, never 0. The store packages'
+// documentation says what each state means to a caller.
+//
+// # Commands
+//
+// Redis is single-threaded and shared by every instance of every service
+// that uses it, so its time per request is what caps a fleet; the
+// protocol spends as little of it as an atomic answer allows (measured
+// with INFO commandstats: an EVALSHA of a script costs several times a
+// SET, before the commands it calls; the stores' BenchmarkCommandTime
+// measures it beside the naive floor):
+//
+//   - Acquire is one native command, SET key value NX PX lease GET (Redis
+//     7.0 and newer: 6.2 refuses NX with GET), whose value is a new 'P'
+//     entry ([AppendProcessing]): it makes the entry, or leaves the one
+//     there and answers it, which [SetResult] reads. A new key and a
+//     replay (a done entry) cost that one command. Another owner's entry
+//     costs a PTTL more, for its lease left (the entry may have gone
+//     between the two: the lease left is then 1 ms, and the caller
+//     retries). An issued entry must be taken atomically, and the owner's
+//     own entry (a resent Acquire) renewed: the Acquire script does
+//     either, or whatever the entry then calls for, as it did alone
+//     before.
+//   - AcquireIssued and Issue stay scripts: neither may create an entry
+//     that the other does not expect. Complete, Release and Extend stay
+//     scripts, as comparing the owner and writing must be atomic, but
+//     lean: the owner's own 'P' entry (every Complete of a first
+//     execution) is read at fixed offsets, without defining the parsing
+//     functions (a function defined in a script costs a closure each run),
+//     and the done entry is written in one concatenation (measured: SET of
+//     the header then APPEND of a 512-byte record costs more than the
+//     concatenation). No script calls TIME: the writer passes its stamp.
+//   - The stamp is the writer's clock, not the server's: a fleet's clocks
+//     agree within far less than what Since is for (an operator's
+//     question "how old is this entry"), and TIME cost each writing script
+//     a command. Inspect still reads TIME for the Expires it shows.
+//   - The Redis version is checked once with the eviction policy (the
+//     same INFO), and every operation that starts new work is refused with
+//     [ErrRedisVersion] on a server older than 7.0.
+//
+// Old and new releases read each other's entries both ways (the layout
+// did not change), so a rolling deploy needs no migration. An older
+// release's scripts are other scripts (other digests): both are cached
+// side by side.
 package redisproto
 
 import (
@@ -54,19 +98,23 @@ func newScript(src string) Script {
 	return Script{Src: src, SHA: hex.EncodeToString(sum[:])}
 }
 
-// The scripts. Their arguments (ARGV) in order:
+// The scripts. Their arguments (ARGV) in order; stamp is the writer's
+// time, the 6 bytes of [AppendStamp]:
 var (
-	// Acquire: owner, fingerprint, lease in ms. Answers as
-	// [AcquireResult] reads.
+	// Acquire: owner, fingerprint, lease in ms, stamp. Answers as
+	// [AcquireResult] reads. The stores send it only where [SetResult]
+	// says so (an issued entry, or the caller's own processing one): the
+	// SET NX GET of [AppendProcessing] does the rest.
 	Acquire = newScript(acquireSrc)
-	// AcquireIssued: owner, fingerprint, lease in ms. Answers as
+	// AcquireIssued: owner, fingerprint, lease in ms, stamp. Answers as
 	// [AcquireIssuedResult] reads.
 	AcquireIssued = newScript(acquireIssuedSrc)
-	// Issue: TTL in ms. Answers as [IssueResult] reads.
+	// Issue: TTL in ms, stamp. Answers as [IssueResult] reads.
 	Issue = newScript(issueSrc)
-	// Complete: owner, record, TTL in ms. Answers as [OwnedResult] reads.
+	// Complete: owner, record, TTL in ms, stamp, the owner's length as
+	// [AppendUvarint] writes it. Answers as [OwnedResult] reads.
 	Complete = newScript(completeSrc)
-	// Release: owner. Answers as [OwnedResult] reads.
+	// Release: owner, stamp. Answers as [OwnedResult] reads.
 	Release = newScript(releaseSrc)
 	// Extend: owner, lease in ms. Answers as [OwnedResult] reads.
 	Extend = newScript(extendSrc)
@@ -94,26 +142,31 @@ func Millis(d time.Duration) int64 {
 	return n
 }
 
-// parseLua, the start of every script, splits a value into its state,
-// fingerprint, rest (owner or record), issue TTL and done entry's owner,
-// or returns nil when the value is not an entry (a processing entry must
-// have an owner, and so must a 'C' entry). A 'P' entry and a 'Q' entry
-// (taken from an issue) both come out as 'P', the 'Q' one with its issue
-// TTL, the others without; a 'C' entry and a 'D' entry (the previous
+// getLua, the start of every script, reads the value with PCALL, so
+// that a key of another type (a hash, a list: GET answers WRONGTYPE)
+// reads as the empty string, which is not an entry: every script answers
+// "not an entry" for it rather than failing.
+const getLua = `
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then v = '' end
+`
+
+// parseLua defines the functions that read a value; a script runs it
+// only off its fast path (Complete's and Extend's own processing entry),
+// since defining a function costs the server a closure each time the
+// script runs. parse splits a value into its state, fingerprint, rest
+// (owner or record), issue TTL, done entry's owner and stamp, or returns
+// nil when the value is not an entry (a processing entry must have an
+// owner, and so must a 'C' entry). A 'P' entry and a 'Q' entry (taken
+// from an issue) both come out as 'P', the 'Q' one with its issue TTL,
+// the others without; a 'C' entry and a 'D' entry (the previous
 // release's, without the owner) both come out as 'D', with the record as
 // rest, the 'C' one with its owner, the 'D' one without; an 'I' entry
 // comes out with empty fingerprint and rest. A TTL is a string of 1 to 15
 // decimal digits without a leading zero, kept as a string to be sent to
-// PX as it is. stamped puts the stamp before an entry: the server's time
-// in milliseconds, 6 bytes, most significant first, made in one
-// string.char (a byte at a time, it cost each writing script about 10 %
-// more server time). uvarint reads the unsigned varint (7 bits a byte, least
+// PX as it is. uvarint reads the unsigned varint (7 bits a byte, least
 // significant first, as Go's encoding/binary) of at most 5 bytes at i of
-// s, and returns it and the index after it; uvarintOf writes one. The
-// value is read with PCALL, so that a key of another type (a hash, a list:
-// GET answers WRONGTYPE) reads as the empty string, which is not an entry
-// either: every
-// script answers "not an entry" for it rather than failing.
+// s, and returns it and the index after it.
 const parseLua = `
 local function ttl(t)
   if #t <= 15 and string.find(t, '^[1-9][0-9]*$') then return t end
@@ -128,14 +181,6 @@ local function uvarint(s, i)
     x, mul = x + (b - 128) * mul, mul * 128
   end
   return nil
-end
-local function uvarintOf(x)
-  local s = ''
-  while x >= 128 do
-    s = s .. string.char(128 + x % 128)
-    x = math.floor(x / 128)
-  end
-  return s .. string.char(x)
 end
 local function parse(v)
   local b, since = 1, nil
@@ -168,18 +213,21 @@ local function parse(v)
   end
   return nil
 end
-local function stamped(e)
-  local t = redis.call('TIME')
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local b6 = ms % 256 ms = (ms - b6) / 256
-  local b5 = ms % 256 ms = (ms - b5) / 256
-  local b4 = ms % 256 ms = (ms - b4) / 256
-  local b3 = ms % 256 ms = (ms - b3) / 256
-  local b2 = ms % 256 ms = (ms - b2) / 256
-  return 'T' .. string.char(ms % 256, b2, b3, b4, b5, b6) .. e
+`
+
+// ownLua, the fast path of the owner-checked scripts, finds the start b
+// of the entry (after its stamp, if any) and, when it is a 'P' entry of
+// ARGV[1], the length n of its fingerprint; mine is false otherwise, and
+// the script goes on to parse the value. It reads fixed offsets only: a
+// 'P' entry is its tag, the fingerprint's length and the fingerprint,
+// then the owner to its end.
+const ownLua = `
+local b, n, mine = 1, 0, false
+if string.byte(v, 1) == 84 and #v >= 8 then b = 8 end
+if string.byte(v, b) == 80 then
+  n = string.byte(v, b + 1)
+  mine = n ~= nil and string.sub(v, b + 2 + n) == ARGV[1]
 end
-local v = redis.pcall('GET', KEYS[1])
-if type(v) == 'table' then v = '' end
 `
 
 // Answers of the scripts. Acquire answers 1 (acquired), the done entry's
@@ -201,11 +249,11 @@ const (
 
 // takeLua, the rest of the acquire scripts once parseLua found an entry:
 // an issued entry is taken, becoming a 'Q' entry that keeps the issue's
-// TTL. ARGV owner, fingerprint, lease in ms.
-const takeLua = `
+// TTL. ARGV owner, fingerprint, lease in ms, stamp.
+const takeLua = parseLua + `
 local tag, fp, rest, t = parse(v)
 if tag == 'I' then
-  redis.call('SET', KEYS[1], stamped('Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1]), 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], 'T' .. ARGV[4] .. 'Q' .. string.char(#ARGV[2]) .. ARGV[2] .. string.char(#t) .. t .. ARGV[1], 'PX', ARGV[3])
   return 1
 elseif tag == 'D' then
   return v
@@ -218,43 +266,52 @@ end
 return 0
 `
 
-// acquire: ARGV owner, fingerprint, lease in ms.
-const acquireSrc = parseLua + `
+// acquire: ARGV owner, fingerprint, lease in ms, stamp.
+const acquireSrc = getLua + `
 if not v then
-  redis.call('SET', KEYS[1], stamped('P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1]), 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], 'T' .. ARGV[4] .. 'P' .. string.char(#ARGV[2]) .. ARGV[2] .. ARGV[1], 'PX', ARGV[3])
   return 1
 end
 ` + takeLua
 
-// acquireIssued: ARGV owner, fingerprint, lease in ms. No entry: not
-// issued, and nothing is written.
-const acquireIssuedSrc = parseLua + `
+// acquireIssued: ARGV owner, fingerprint, lease in ms, stamp. No entry:
+// not issued, and nothing is written.
+const acquireIssuedSrc = getLua + `
 if not v then return 3 end
 ` + takeLua
 
-// issue: ARGV ttl in ms. An entry in any state: 0, nothing written.
-const issueSrc = parseLua + `
+// issue: ARGV ttl in ms, stamp. An entry in any state: 0, nothing
+// written.
+const issueSrc = getLua + `
 if not v then
-  redis.call('SET', KEYS[1], stamped('I' .. ARGV[1]), 'PX', ARGV[1])
+  redis.call('SET', KEYS[1], 'T' .. ARGV[2] .. 'I' .. ARGV[1], 'PX', ARGV[1])
   return 1
-elseif parse(v) then
-  return 0
 end
+` + parseLua + `
+if parse(v) then return 0 end
 return -1
 `
 
-// complete: ARGV owner, record, ttl in ms. A done entry: 1 (a resend)
-// when it was completed by this owner with this record; 0 otherwise, and
-// always for a 'D' entry, which does not tell its owner.
-const completeSrc = parseLua + `
+// complete: ARGV owner, record, ttl in ms, stamp, uvarint(#owner). Its
+// fast path, the caller's own 'P' entry, writes the done entry in one
+// concatenation. A done entry: 1 (a resend) when it was completed by
+// this owner with this record; 0 otherwise, and always for a 'D' entry,
+// which does not tell its owner.
+const completeSrc = getLua + `
 if not v then return 0 end
+` + ownLua + `
+if mine then
+  redis.call('SET', KEYS[1], 'T' .. ARGV[4] .. 'C' .. string.sub(v, b + 1, b + 1 + n) .. ARGV[5] .. ARGV[1] .. ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+` + parseLua + `
 local tag, fp, rest, t, o = parse(v)
 if tag == 'D' then
   if o == ARGV[1] and rest == ARGV[2] then return 1 end
   return 0
 elseif tag == 'P' then
   if rest ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[1], stamped('C' .. string.char(#fp) .. fp .. uvarintOf(#ARGV[1]) .. ARGV[1] .. ARGV[2]), 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], 'T' .. ARGV[4] .. 'C' .. string.char(#fp) .. fp .. ARGV[5] .. ARGV[1] .. ARGV[2], 'PX', ARGV[3])
   return 1
 elseif tag == 'I' then
   return 0
@@ -262,14 +319,20 @@ end
 return -1
 `
 
-// release: ARGV owner. An entry taken from an issue goes back to issued,
-// for the issue's TTL; an issued entry is left alone (a resend).
-const releaseSrc = parseLua + `
+// release: ARGV owner, stamp. An entry taken from an issue goes back to
+// issued, for the issue's TTL; an issued entry is left alone (a resend).
+const releaseSrc = getLua + `
 if not v then return 1 end
+` + ownLua + `
+if mine then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+` + parseLua + `
 local tag, fp, rest, t = parse(v)
 if tag == 'P' and rest == ARGV[1] then
   if t then
-    redis.call('SET', KEYS[1], stamped('I' .. t), 'PX', t)
+    redis.call('SET', KEYS[1], 'T' .. ARGV[2] .. 'I' .. t, 'PX', t)
   else
     redis.call('DEL', KEYS[1])
   end
@@ -283,8 +346,14 @@ return -1
 `
 
 // extend: ARGV owner, lease in ms.
-const extendSrc = parseLua + `
+const extendSrc = getLua + `
 if not v then return 0 end
+` + ownLua + `
+if mine then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+` + parseLua + `
 local tag, fp, rest = parse(v)
 if tag == 'P' and rest == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -297,11 +366,11 @@ return -1
 
 // inspectSrc: ARGV[1] "0" (look up), "1" (look up with the record) or
 // "2" (remove, if the entry's version is ARGV[2]). No entry: 0; not an
-// entry (a key of another type included: parseLua reads it as an empty string): -1;
-// otherwise {state, fingerprint, since, pttl, the server's seconds,
-// microseconds, the record's size, the record or "", the version,
-// removed}, where removed is 1 when "2" deleted the key, 2 when it did not
-// because the version differs, 0 for a look up.
+// entry (a key of another type included: getLua reads it as an empty
+// string): -1; otherwise {state, fingerprint, since, pttl, the server's
+// seconds, microseconds, the record's size, the record or "", the
+// version, removed}, where removed is 1 when "2" deleted the key, 2 when
+// it did not because the version differs, 0 for a look up.
 //
 // The version is the first 16 hex digits of the SHA-1 of what names the
 // entry's incarnation: its state, stamp, fingerprint, owner (in flight,
@@ -310,7 +379,7 @@ return -1
 // record is left out (hashing a megabyte per entry of a listing would
 // hold the server), but for the unstamped 'D' entries, which only the
 // record's size tells apart.
-var inspectSrc = parseLua + `
+var inspectSrc = getLua + parseLua + `
 if not v then return 0 end
 local tag, fp, rest, t, o, since = parse(v)
 if not tag then return -1 end

@@ -51,11 +51,24 @@ func wantErr(want error, f func(ctx context.Context, s Store) error) func(ctx co
 }
 
 // Outcomes walks every outcome of every operation that writes, in order,
-// on a prefix of its own: each script is first used at index 0 (acquire),
-// 3 (extend), 5 (release), 6 (complete), 13 (issue) and 15 (acquire
+// on a prefix of its own: each script is first used at index 1 (acquire,
+// which an Acquire sends after its SET NX GET found its own entry), 3
+// (extend), 5 (release), 6 (complete), 13 (issue) and 15 (acquire
 // issued). It leaves a done entry under "k" and one under "i", which
-// Inspections then look up and list.
-var Outcomes = []Op{
+// Inspections then look up and list. Each sends one command, but those
+// in [Commands].
+var Outcomes = outcomes
+
+// Commands are the operations of Outcomes that send more than one
+// command, and how many, once the scripts are cached: an Acquire is a
+// SET NX GET, then a PTTL for another owner's entry, or the Acquire
+// script for its own (a resend) or an issued one.
+var Commands = map[string]int64{
+	"acquire again":        2, // SET, then the Acquire script renews the lease
+	"acquire in flight":    2, // SET, then PTTL
+	"acquire takes issued": 2, // SET, then the Acquire script takes it
+}
+var outcomes = []Op{
 	acquireOp("acquire new", "k", "o", storage.Acquired),
 	acquireOp("acquire again", "k", "o", storage.Acquired),
 	acquireOp("acquire in flight", "k", "o2", storage.InFlight),
