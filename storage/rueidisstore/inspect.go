@@ -102,7 +102,7 @@ func (l lister) LookupAll(ctx context.Context, keys []string) ([]redisproto.Repl
 	c := l.s.c
 	cmds := make(rueidis.Commands, len(keys))
 	for i, k := range keys {
-		cmds[i] = c.B().Evalsha().Sha1(redisproto.Inspect.SHA).Numkeys(1).Key(k).Arg(redisproto.InspectLookup).Build().ToRetryable()
+		cmds[i] = c.B().Evalsha().Sha1(redisproto.Inspect.SHA).Numkeys(1).Key(k).Arg(redisproto.InspectLookup).Build()
 	}
 	results := c.DoMulti(ctx, cmds...)
 	var again []int // indexes of the keys answered NOSCRIPT
@@ -114,7 +114,7 @@ func (l lister) LookupAll(ctx context.Context, keys []string) ([]redisproto.Repl
 	if len(again) > 0 {
 		evals := make(rueidis.Commands, len(again))
 		for j, i := range again {
-			evals[j] = c.B().Eval().Script(redisproto.Inspect.Src).Numkeys(1).Key(keys[i]).Arg(redisproto.InspectLookup).Build().ToRetryable()
+			evals[j] = c.B().Eval().Script(redisproto.Inspect.Src).Numkeys(1).Key(keys[i]).Arg(redisproto.InspectLookup).Build()
 		}
 		for j, r := range c.DoMulti(ctx, evals...) {
 			results[again[j]] = r

@@ -219,16 +219,10 @@ func New(c rueidis.Client, opts ...Option) *Store {
 //     backoff of up to a second for as long as the command's context
 //     lasts: a request's lasts until its client gives up, so while Redis
 //     is down a request would wait instead of getting its 503. Read-only
-//     commands are retryable; EVALSHA is not read-only (a script may
-//     write), but the store marks its scripts retryable, but Remove's.
-//     That is safe: a resend may run a script a second time (the first
-//     run's answer was lost, not its effect), and every script gives the
-//     same answer when run twice, but Issue's, whose resend answers
-//     [storage.ErrExists] for the key it issued, which its caller, who
-//     chose a fresh key, takes for success; Remove's resend would answer
-//     [storage.ErrNotFound]. One resend gets a request through a
-//     connection that broke under it (a restarted server); more would
-//     only delay its 503. (DisableRetry turns every resend off.)
+//     commands are retryable; the store's own commands are not (see
+//     Resends in the package documentation), so this bounds the resends
+//     of the other commands a program sends on the same client. (DisableRetry
+//     turns every resend off.)
 //   - DisableCache true: the store does not use client-side caching (its
 //     scripts are not cacheable), which would cost a CLIENT TRACKING per
 //     connection and the memory of a cache; it also lets the client talk
@@ -256,17 +250,18 @@ func resendOnce(attempts int, _ rueidis.Completed, _ error) time.Duration {
 	return 0
 }
 
-// The protocol's scripts as rueidis runs them, retryable (see
-// [ClientOption]), but remove.
+// The protocol's scripts as rueidis runs them. None is retryable: rueidis
+// never resends the store's commands (see Resends in the package
+// documentation).
 var (
-	acquire       = rueidis.NewLuaScriptRetryable(redisproto.Acquire.Src)
-	acquireIssued = rueidis.NewLuaScriptRetryable(redisproto.AcquireIssued.Src)
-	issue         = rueidis.NewLuaScriptRetryable(redisproto.Issue.Src)
-	complete      = rueidis.NewLuaScriptRetryable(redisproto.Complete.Src)
-	release       = rueidis.NewLuaScriptRetryable(redisproto.Release.Src)
-	extend        = rueidis.NewLuaScriptRetryable(redisproto.Extend.Src)
-	inspect       = rueidis.NewLuaScriptRetryable(redisproto.Inspect.Src)
-	remove        = rueidis.NewLuaScript(redisproto.Inspect.Src)
+	acquire       = rueidis.NewLuaScript(redisproto.Acquire.Src)
+	acquireIssued = rueidis.NewLuaScript(redisproto.AcquireIssued.Src)
+	issue         = rueidis.NewLuaScript(redisproto.Issue.Src)
+	complete      = rueidis.NewLuaScript(redisproto.Complete.Src)
+	release       = rueidis.NewLuaScript(redisproto.Release.Src)
+	extend        = rueidis.NewLuaScript(redisproto.Extend.Src)
+	inspect       = rueidis.NewLuaScript(redisproto.Inspect.Src)
+	remove        = inspect
 )
 
 // call is the arguments of one script call: the Redis key (KEYS[1]), then
@@ -423,7 +418,7 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	i := len(c.buf)
 	c.buf = redisproto.AppendProcessing(c.buf, s.now(), fingerprint, owner)
 	value := rueidis.BinaryString(c.buf[i:])
-	r := s.c.Do(ctx, s.c.B().Set().Key(c.key()).Value(value).Nx().Get().PxMilliseconds(redisproto.Millis(lease)).Build().ToRetryable())
+	r := s.c.Do(ctx, s.c.B().Set().Key(c.key()).Value(value).Nx().Get().PxMilliseconds(redisproto.Millis(lease)).Build())
 	c.answered = r.NonRedisError() == nil
 	v, err := r.ToString()
 	found := err == nil
