@@ -3,21 +3,30 @@
 // exits and are not shared with other processes; use storage/redisstore for
 // a service with more than one instance.
 //
-// The store is safe for concurrent use (one mutex: the store is the
-// atomicity boundary), expires entries by their lease or TTL as read from
-// an injectable clock, bounds its number of entries without ever evicting
-// an entry in flight (issued entries go first, then done ones: see
-// [WithMaxEntries]), and runs one janitor goroutine, which [Store.Close]
-// stops. It is a [storage.Issuer]: it keeps server-issued keys too; and a
-// [storage.Inspector]: an operator can look its entries up, list them and
-// remove one.
+// The store is safe for concurrent use, expires entries by their lease or
+// TTL as read from an injectable clock, bounds its number of entries
+// without ever evicting an entry in flight (issued entries go first, then
+// done ones: see [WithMaxEntries]), and runs one janitor goroutine, which
+// [Store.Close] stops. It is a [storage.Issuer]: it keeps server-issued
+// keys too; and a [storage.Inspector]: an operator can look its entries
+// up, list them and remove one.
+//
+// Its entries are split into shards by a hash of their key (see
+// [WithShards]): each shard has its own mutex, map, expiry heap and
+// eviction lists, so that calls on different keys seldom wait for each
+// other. A call locks one shard at a time; the bound is kept across shards
+// by one atomic count of entries.
 package memstore
 
 import (
 	"bytes"
 	"context"
 	"fmt"
+	"hash/maphash"
+	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/storage"
@@ -33,24 +42,53 @@ const (
 	DefaultCleanupInterval = time.Minute
 )
 
+// Shard counts: see WithShards.
+const (
+	maxShards        = 256 // the most WithShards gives
+	maxDefaultShards = 64  // the most the default gives
+)
+
 // Store is an in-memory storage.Store. Create it with [New]; the zero
 // value is not usable.
 type Store struct {
 	now          func() time.Time
 	max          int
 	cleanupEvery time.Duration
+	nshards      int // as WithShards asked; 0: the default
 
-	mu       sync.Mutex
-	entries  map[string]*entry
-	byExpiry expiryHeap // every entry, the one expiring soonest first
-	epoch    time.Time  // the clock's time at New: heap keys are offsets from it
-	issued   evictList  // issued entries, in the order they became issued
-	done     evictList  // done entries, in the order they were completed
-	bytes    int
+	epoch  time.Time // the clock's time at New: heap keys are offsets from it
+	seed   maphash.Seed
+	mask   uint64 // len(shards) - 1
+	shards []shard
+
+	_     [64]byte     // count has a cache line of its own
+	count atomic.Int64 // entries in every shard, and places reserved for new ones
+	_     [56]byte
 
 	stop     chan struct{}
 	stopOnce sync.Once
 	janitor  sync.WaitGroup
+}
+
+// shard holds the entries whose key hashes to it, behind its own mutex.
+// Besides, it publishes what other shards' callers need to know, without
+// its lock, to choose where to make room: its earliest expiry and the
+// number of its issued and done entries.
+type shard struct {
+	mu       sync.Mutex
+	entries  map[string]*entry
+	byExpiry expiryHeap // every entry of the shard, the one expiring soonest first
+	issued   evictList  // issued entries, in the order they became issued
+	done     evictList  // done entries, in the order they were completed
+	bytes    int
+	count    *atomic.Int64 // Store.count
+	idx      int           // its index in Store.shards
+
+	// Published by unlock, read without mu.
+	earliest atomic.Int64 // byExpiry's soonest expiry as an offset from the epoch; math.MaxInt64 when empty
+	nIssued  atomic.Int64 // issued.n
+	nDone    atomic.Int64 // done.n
+	_        [64]byte     // no false sharing with the next shard
 }
 
 var (
@@ -70,8 +108,8 @@ type entry struct {
 	issueTTL    time.Duration // issued, or processing taken from an issue: the issue's TTL; 0 otherwise
 	since       time.Time     // when it entered its state (Inspector's Entry.Since)
 	expires     time.Time
-	index       int    // position in Store.byExpiry
-	prev, next  *entry // neighbours in Store.issued or Store.done
+	index       int    // position in shard.byExpiry
+	prev, next  *entry // neighbours in shard.issued or shard.done
 }
 
 // inFlight reports whether the entry is processing: a lease holds it, and
@@ -97,12 +135,14 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithMaxEntries bounds the number of entries, [DefaultMaxEntries] by
-// default; n <= 0 keeps the default.
+// default; n <= 0 keeps the default. The bound is global and exact: the
+// store never holds more than n entries, whatever its shards.
 //
 // When the store is full, Acquire or Issue of a new key makes room for
 // it, in this order:
 //
-//  1. It drops every expired entry.
+//  1. It drops expired entries: those of the key's shard, else those of
+//     another shard that has some.
 //  2. Else it evicts the issued entry that has waited longest since it was
 //     issued or released. Its key is then no longer accepted
 //     (AcquireIssued answers [storage.NotIssued]), but nothing runs twice.
@@ -112,6 +152,12 @@ func WithClock(now func() time.Time) Option {
 //  4. It never evicts an entry in flight: when only those remain, Acquire
 //     and Issue fail with an error wrapping [storage.ErrFull].
 //
+// "Longest" is exact within a shard: with one shard ([WithShards](1)) it
+// is the whole store's, and making room drops every expired entry. With
+// several, the victim is the oldest of the key's shard, else of another
+// shard: order 1-4 holds across the store, but the entry evicted may be
+// younger than one of another shard.
+//
 // So a flood of Issue calls (each form load issues a key) evicts issued
 // entries, the oldest first, and never a completed record while an issued
 // entry is left; it fails only when every entry is in flight. Making room
@@ -120,6 +166,20 @@ func WithMaxEntries(n int) Option {
 	return func(s *Store) {
 		if n > 0 {
 			s.max = n
+		}
+	}
+}
+
+// WithShards sets the number of shards the entries are split into, each
+// behind a mutex of its own: n rounded up to a power of two, at most 256;
+// n <= 0 keeps the default, 4 × runtime.GOMAXPROCS(0) at New rounded up
+// to a power of two, at most 64. With one shard, eviction order is exact
+// across the store (see [WithMaxEntries]); with more, it is exact within
+// each shard.
+func WithShards(n int) Option {
+	return func(s *Store) {
+		if n > 0 {
+			s.nshards = n
 		}
 	}
 }
@@ -136,6 +196,16 @@ func WithCleanupInterval(d time.Duration) Option {
 	}
 }
 
+// powerOfTwo returns n rounded up to a power of two, at most limit (a
+// power of two).
+func powerOfTwo(n, limit int) int {
+	p := 1
+	for p < n && p < limit {
+		p <<= 1
+	}
+	return p
+}
+
 // New returns an empty Store and starts its janitor goroutine; call Close
 // to stop it. Invalid option values keep the defaults (see each option).
 func New(opts ...Option) *Store {
@@ -143,7 +213,7 @@ func New(opts ...Option) *Store {
 		now:          time.Now,
 		max:          DefaultMaxEntries,
 		cleanupEvery: DefaultCleanupInterval,
-		entries:      make(map[string]*entry),
+		seed:         maphash.MakeSeed(),
 		stop:         make(chan struct{}),
 	}
 	for _, o := range opts {
@@ -151,11 +221,31 @@ func New(opts ...Option) *Store {
 			o(s)
 		}
 	}
+	n := powerOfTwo(4*runtime.GOMAXPROCS(0), maxDefaultShards)
+	if s.nshards > 0 {
+		n = powerOfTwo(s.nshards, maxShards)
+	}
 	s.epoch = s.now()
-	s.byExpiry.epoch = s.epoch
+	s.mask = uint64(n - 1)
+	s.shards = make([]shard, n)
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.entries = make(map[string]*entry)
+		sh.byExpiry.epoch = s.epoch
+		sh.count, sh.idx = &s.count, i
+		sh.earliest.Store(math.MaxInt64)
+	}
 	s.janitor.Add(1)
 	go s.runJanitor()
 	return s
+}
+
+// shardOf returns the shard of key.
+func (s *Store) shardOf(key string) *shard {
+	if s.mask == 0 {
+		return &s.shards[0]
+	}
+	return &s.shards[maphash.String(s.seed, key)&s.mask]
 }
 
 // Close stops the janitor goroutine and waits for it to exit. It is
@@ -182,25 +272,57 @@ func (s *Store) runJanitor() {
 	}
 }
 
-// sweep frees every expired entry.
+// sweep frees every expired entry, one shard at a time.
 func (s *Store) sweep() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.dropExpired(s.now())
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		sh.dropExpired(s.now())
+		sh.unlock()
+	}
 }
 
-func (s *Store) dropExpired(now time.Time) {
-	for s.byExpiry.Len() > 0 && !now.Before(s.byExpiry.items[0].e.expires) {
-		s.remove(s.byExpiry.items[0].e)
+// unlock publishes what other shards' callers read of sh and unlocks it.
+// Each value is stored only when it changed, so that readers keep their
+// cached copy.
+func (sh *shard) unlock() {
+	at := int64(math.MaxInt64)
+	if len(sh.byExpiry.items) > 0 {
+		at = int64(sh.byExpiry.items[0].at)
 	}
+	if sh.earliest.Load() != at {
+		sh.earliest.Store(at)
+	}
+	if n := int64(sh.issued.n); sh.nIssued.Load() != n {
+		sh.nIssued.Store(n)
+	}
+	if n := int64(sh.done.n); sh.nDone.Load() != n {
+		sh.nDone.Store(n)
+	}
+	sh.mu.Unlock()
+}
+
+// dropExpired frees the shard's expired entries and returns how many.
+func (sh *shard) dropExpired(now time.Time) int {
+	n := 0
+	for sh.byExpiry.Len() > 0 && !now.Before(sh.byExpiry.items[0].e.expires) {
+		sh.remove(sh.byExpiry.items[0].e)
+		n++
+	}
+	return n
 }
 
 // Len returns the number of entries held, including expired ones that
 // have not been freed yet.
 func (s *Store) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.entries)
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.entries)
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 // Bytes returns the bytes held in keys, fingerprints, owner tokens and
@@ -208,42 +330,50 @@ func (s *Store) Len() int {
 // the bookkeeping: about 200 bytes per entry on 64-bit platforms for the
 // entry, its map slot and its place in the expiry heap.
 func (s *Store) Bytes() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.bytes
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.bytes
+		sh.mu.Unlock()
+	}
+	return n
 }
 
-func (s *Store) remove(e *entry) {
-	delete(s.entries, e.key)
-	s.byExpiry.remove(e.index)
-	if l := s.listOf(e); l != nil {
+// remove takes e out of the shard, giving back its place in the count.
+func (sh *shard) remove(e *entry) {
+	delete(sh.entries, e.key)
+	sh.byExpiry.remove(e.index)
+	if l := sh.listOf(e); l != nil {
 		l.unlink(e)
 	}
-	s.bytes -= e.size()
+	sh.bytes -= e.size()
+	sh.count.Add(-1)
 }
 
 // listOf returns the list of evictable entries that e belongs in: done,
 // issued, or none for an entry in flight.
-func (s *Store) listOf(e *entry) *evictList {
+func (sh *shard) listOf(e *entry) *evictList {
 	switch {
 	case e.done:
-		return &s.done
+		return &sh.done
 	case e.owner == "":
-		return &s.issued
+		return &sh.issued
 	}
 	return nil
 }
 
-func (s *Store) setExpiry(e *entry, t time.Time) {
+func (sh *shard) setExpiry(e *entry, t time.Time) {
 	e.expires = t
-	s.byExpiry.items[e.index].at = t.Sub(s.epoch)
-	s.byExpiry.fix(e.index)
+	sh.byExpiry.items[e.index].at = t.Sub(sh.byExpiry.epoch)
+	sh.byExpiry.fix(e.index)
 }
 
 // evictList is a list of entries that the bound may evict, linked through
 // their prev and next, oldest first.
 type evictList struct {
 	oldest, newest *entry
+	n              int // entries in the list
 }
 
 // push appends e as the newest.
@@ -255,6 +385,7 @@ func (l *evictList) push(e *entry) {
 		l.oldest = e
 	}
 	l.newest = e
+	l.n++
 }
 
 // unlink takes e out of the list.
@@ -270,13 +401,14 @@ func (l *evictList) unlink(e *entry) {
 		l.newest = e.prev
 	}
 	e.prev, e.next = nil, nil
+	l.n--
 }
 
 // live returns the unexpired entry for key, freeing an expired one.
-func (s *Store) live(key string, now time.Time) *entry {
-	e := s.entries[key]
+func (sh *shard) live(key string, now time.Time) *entry {
+	e := sh.entries[key]
 	if e != nil && !now.Before(e.expires) {
-		s.remove(e)
+		sh.remove(e)
 		return nil
 	}
 	return e
@@ -311,45 +443,166 @@ func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, iss
 		return storage.Result{}, fmt.Errorf("memstore: acquire: %w", err)
 	}
 	lease = roundUp(lease)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	if e := s.live(key, now); e != nil {
-		switch {
-		case e.done:
-			return storage.Result{State: storage.Done, Fingerprint: e.fingerprint, Record: e.record}, nil
-		case e.owner == "": // issued: taken, remembering the issue's TTL
-			s.issued.unlink(e)
-			s.bytes += len(owner) + len(fingerprint)
-			e.owner, e.fingerprint, e.since = owner, fingerprint, now
-			s.setExpiry(e, now.Add(lease))
-			return storage.Result{State: storage.Acquired}, nil
-		case e.owner == owner:
-			s.setExpiry(e, now.Add(lease))
-			return storage.Result{State: storage.Acquired}, nil
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.unlock()
+	reserved, full := false, false
+	for {
+		now := s.now()
+		if e := sh.live(key, now); e != nil {
+			if reserved { // created meanwhile, while making room in another shard
+				s.count.Add(-1)
+			}
+			return sh.acquireExisting(e, owner, fingerprint, lease, now), nil
 		}
-		left := max(roundUp(e.expires.Sub(now)), time.Millisecond)
-		return storage.Result{State: storage.InFlight, Fingerprint: e.fingerprint, LeaseLeft: left}, nil
+		switch {
+		case issued:
+			return storage.Result{State: storage.NotIssued}, nil
+		case full:
+			return storage.Result{}, fmt.Errorf("memstore: acquire: %w: all %d entries are in flight", storage.ErrFull, s.max)
+		case !reserved:
+			var relocked bool
+			reserved, relocked = s.reserve(sh, now)
+			full = !reserved
+			if relocked {
+				continue // sh was unlocked: the key may be there now
+			}
+			if full {
+				continue
+			}
+		}
+		sh.add(&entry{key: key, fingerprint: fingerprint, owner: owner, since: now, expires: now.Add(lease)})
+		return storage.Result{State: storage.Acquired}, nil
 	}
-	if issued {
-		return storage.Result{State: storage.NotIssued}, nil
-	}
-	if len(s.entries) >= s.max && !s.makeRoom(now) {
-		return storage.Result{}, fmt.Errorf("memstore: acquire: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
-	}
-	s.add(&entry{key: key, fingerprint: fingerprint, owner: owner, since: now, expires: now.Add(lease)})
-	return storage.Result{State: storage.Acquired}, nil
 }
 
-// add puts a new entry in the map and the expiry heap, and in the list
-// of issued entries when it is issued.
-func (s *Store) add(e *entry) {
-	s.entries[e.key] = e
-	s.byExpiry.push(e)
-	s.bytes += e.size()
-	if l := s.listOf(e); l != nil {
+// acquireExisting is acquire of the live entry e.
+func (sh *shard) acquireExisting(e *entry, owner, fingerprint string, lease time.Duration, now time.Time) storage.Result {
+	switch {
+	case e.done:
+		return storage.Result{State: storage.Done, Fingerprint: e.fingerprint, Record: e.record}
+	case e.owner == "": // issued: taken, remembering the issue's TTL
+		sh.issued.unlink(e)
+		sh.bytes += len(owner) + len(fingerprint)
+		e.owner, e.fingerprint, e.since = owner, fingerprint, now
+		sh.setExpiry(e, now.Add(lease))
+		return storage.Result{State: storage.Acquired}
+	case e.owner == owner:
+		sh.setExpiry(e, now.Add(lease))
+		return storage.Result{State: storage.Acquired}
+	}
+	left := max(roundUp(e.expires.Sub(now)), time.Millisecond)
+	return storage.Result{State: storage.InFlight, Fingerprint: e.fingerprint, LeaseLeft: left}
+}
+
+// add puts a new entry, whose place reserve has reserved, in the map and
+// the expiry heap, and in the list of issued entries when it is issued.
+func (sh *shard) add(e *entry) {
+	sh.entries[e.key] = e
+	sh.byExpiry.push(e)
+	sh.bytes += e.size()
+	if l := sh.listOf(e); l != nil {
 		l.push(e)
 	}
+}
+
+// reserve reserves a place in the count for a new entry of sh, whose lock
+// the caller holds, making room when the store is full. It reports
+// whether it got one, and whether it unlocked sh meanwhile (to make room
+// in another shard): then the caller must look its key up again, and give
+// the place back if the key is there now.
+func (s *Store) reserve(sh *shard, now time.Time) (ok, relocked bool) {
+	for try := 0; ; try++ {
+		if s.count.Add(1) <= int64(s.max) {
+			return true, relocked
+		}
+		freed, rl := s.makeRoom(sh, now)
+		relocked = relocked || rl
+		if freed {
+			return true, relocked
+		}
+		// Nothing to evict: give the place back, and try again if entries
+		// were removed meanwhile.
+		if s.count.Add(-1) >= int64(s.max) || try == 2 {
+			return false, relocked
+		}
+	}
+}
+
+// Steps of making room, in their order.
+const (
+	dropExpired = iota
+	evictIssued
+	evictDone
+)
+
+// makeRoom frees at least one place, reporting whether it could: it drops
+// expired entries, else evicts the entry issued longest ago, else, when no
+// issued entry is left, the entry done longest ago; at each step in sh
+// first, then in another shard that has such entries. The caller holds
+// sh's lock; makeRoom never holds two shards' locks, so it unlocks sh to
+// make room in another, and then reports it relocked sh.
+func (s *Store) makeRoom(sh *shard, now time.Time) (freed, relocked bool) {
+	at := int64(now.Sub(s.epoch))
+	for step := dropExpired; step <= evictDone; step++ {
+		if sh.makeRoom(step, now) {
+			return true, relocked
+		}
+		for i := 1; i < len(s.shards); i++ {
+			o := &s.shards[(sh.idx+i)&int(s.mask)]
+			if !o.has(step, at) {
+				continue
+			}
+			sh.unlock()
+			if testHookUnlocked != nil {
+				testHookUnlocked()
+			}
+			o.mu.Lock()
+			ok := o.makeRoom(step, now)
+			o.unlock()
+			sh.mu.Lock()
+			relocked = true
+			if ok {
+				return true, true
+			}
+		}
+	}
+	return false, relocked
+}
+
+// testHookUnlocked, when set by a test, runs when makeRoom has unlocked
+// its shard to make room in another.
+var testHookUnlocked func()
+
+// has reports, from what sh published, whether it may have room to make
+// at this step.
+func (sh *shard) has(step int, at int64) bool {
+	switch step {
+	case dropExpired:
+		return sh.earliest.Load() <= at
+	case evictIssued:
+		return sh.nIssued.Load() > 0
+	}
+	return sh.nDone.Load() > 0
+}
+
+// makeRoom makes room in sh at this step, reporting whether it freed an
+// entry. The caller holds sh's lock.
+func (sh *shard) makeRoom(step int, now time.Time) bool {
+	var victim *entry
+	switch step {
+	case dropExpired:
+		return sh.dropExpired(now) > 0
+	case evictIssued:
+		victim = sh.issued.oldest
+	default:
+		victim = sh.done.oldest
+	}
+	if victim == nil {
+		return false
+	}
+	sh.remove(victim)
+	return true
 }
 
 // Issue implements [storage.Issuer.Issue]. The context is not used.
@@ -363,36 +616,32 @@ func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
 		return fmt.Errorf("memstore: issue: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
 	ttl = roundUp(ttl)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	if s.live(key, now) != nil {
-		return fmt.Errorf("memstore: issue: %w", storage.ErrExists)
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.unlock()
+	reserved, full := false, false
+	for {
+		now := s.now()
+		if sh.live(key, now) != nil {
+			if reserved {
+				s.count.Add(-1)
+			}
+			return fmt.Errorf("memstore: issue: %w", storage.ErrExists)
+		}
+		if full {
+			return fmt.Errorf("memstore: issue: %w: all %d entries are in flight", storage.ErrFull, s.max)
+		}
+		if !reserved {
+			var relocked bool
+			reserved, relocked = s.reserve(sh, now)
+			full = !reserved
+			if relocked || full {
+				continue
+			}
+		}
+		sh.add(&entry{key: key, issueTTL: ttl, since: now, expires: now.Add(ttl)})
+		return nil
 	}
-	if len(s.entries) >= s.max && !s.makeRoom(now) {
-		return fmt.Errorf("memstore: issue: %w: all %d entries are in flight", storage.ErrFull, len(s.entries))
-	}
-	s.add(&entry{key: key, issueTTL: ttl, since: now, expires: now.Add(ttl)})
-	return nil
-}
-
-// makeRoom frees at least one place, reporting whether it could: it drops
-// the expired entries, else evicts the entry issued longest ago, else,
-// when no issued entry is left, the entry done longest ago.
-func (s *Store) makeRoom(now time.Time) bool {
-	s.dropExpired(now)
-	if len(s.entries) < s.max {
-		return true
-	}
-	victim := s.issued.oldest
-	if victim == nil {
-		victim = s.done.oldest
-	}
-	if victim == nil {
-		return false
-	}
-	s.remove(victim)
-	return true
 }
 
 // Complete implements [storage.Store.Complete]. It copies record. A done
@@ -403,10 +652,11 @@ func (s *Store) Complete(_ context.Context, key, owner string, record []byte, tt
 	if ttl <= 0 {
 		return fmt.Errorf("memstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.unlock()
 	now := s.now()
-	e := s.live(key, now)
+	e := sh.live(key, now)
 	switch {
 	case e == nil || owner == "" || e.owner != owner: // missing, issued, another's (in flight or done)
 		return fmt.Errorf("memstore: complete: %w", storage.ErrNotOwner)
@@ -418,10 +668,10 @@ func (s *Store) Complete(_ context.Context, key, owner string, record []byte, tt
 	}
 	rec := make([]byte, len(record)) // never nil; no allocation when empty
 	copy(rec, record)
-	s.bytes += len(rec) // the owner stays: a resend must come from it
+	sh.bytes += len(rec) // the owner stays: a resend must come from it
 	e.record, e.done, e.issueTTL, e.since = rec, true, 0, now
-	s.setExpiry(e, now.Add(roundUp(ttl)))
-	s.done.push(e)
+	sh.setExpiry(e, now.Add(roundUp(ttl)))
+	sh.done.push(e)
 	return nil
 }
 
@@ -430,23 +680,24 @@ func (s *Store) Complete(_ context.Context, key, owner string, record []byte, tt
 // Release of an issued entry changes nothing and returns nil. The context
 // is not used. Errors wrap [storage.ErrNotOwner].
 func (s *Store) Release(_ context.Context, key, owner string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.unlock()
 	now := s.now()
-	e := s.live(key, now)
+	e := sh.live(key, now)
 	switch {
 	case e == nil || (!e.done && e.owner == ""): // missing, or issued
 		return nil
 	case e.done || e.owner != owner:
 		return fmt.Errorf("memstore: release: %w", storage.ErrNotOwner)
 	case e.issueTTL > 0: // back to issued
-		s.bytes -= len(e.owner) + len(e.fingerprint)
+		sh.bytes -= len(e.owner) + len(e.fingerprint)
 		e.owner, e.fingerprint, e.since = "", "", now
-		s.setExpiry(e, now.Add(e.issueTTL))
-		s.issued.push(e)
+		sh.setExpiry(e, now.Add(e.issueTTL))
+		sh.issued.push(e)
 		return nil
 	}
-	s.remove(e)
+	sh.remove(e)
 	return nil
 }
 
@@ -456,14 +707,15 @@ func (s *Store) Extend(_ context.Context, key, owner string, lease time.Duration
 	if lease <= 0 {
 		return fmt.Errorf("memstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.unlock()
 	now := s.now()
-	e := s.live(key, now)
+	e := sh.live(key, now)
 	if e == nil || !e.inFlight() || e.owner != owner { // missing, done, issued, another's
 		return fmt.Errorf("memstore: extend: %w", storage.ErrNotOwner)
 	}
-	s.setExpiry(e, now.Add(roundUp(lease)))
+	sh.setExpiry(e, now.Add(roundUp(lease)))
 	return nil
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -28,22 +30,37 @@ func newStore(t *testing.T, opts ...Option) (*Store, *testclock.Clock) {
 	return s, clk
 }
 
+// shardCounts are the shard counts the tests run with: the default, one
+// (exact eviction order) and many (a few entries in each).
+var shardCounts = []struct {
+	name string
+	n    int
+}{{"default", 0}, {"one", 1}, {"many", 64}}
+
 func TestContract(t *testing.T) {
-	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		s, clk := newStore(t)
-		return storagetest.Harness{Store: s, Advance: clk.Advance}
-	})
+	for _, c := range shardCounts {
+		t.Run(c.name, func(t *testing.T) {
+			storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+				s, clk := newStore(t, WithShards(c.n))
+				return storagetest.Harness{Store: s, Advance: clk.Advance}
+			})
+		})
+	}
 }
 
 func TestContractSmallBound(t *testing.T) {
 	// The tightest bound the suite fits in (Invalid/Acquire holds four
 	// keys in flight): done entries are evicted all along, and that must
 	// not get in the way of the contract.
-	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		s, clk := newStore(t, WithMaxEntries(4))
-		t.Cleanup(func() { s.checkInvariants(t) })
-		return storagetest.Harness{Store: s, Advance: clk.Advance}
-	})
+	for _, c := range shardCounts {
+		t.Run(c.name, func(t *testing.T) {
+			storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+				s, clk := newStore(t, WithMaxEntries(4), WithShards(c.n))
+				t.Cleanup(func() { s.checkInvariants(t) })
+				return storagetest.Harness{Store: s, Advance: clk.Advance}
+			})
+		})
+	}
 }
 
 func acquire(t *testing.T, s *Store, key, owner string, lease time.Duration) storage.Result {
@@ -65,14 +82,15 @@ func complete(t *testing.T, s *Store, key string, ttl time.Duration) {
 // holds reports whether the store has key, without the side effects of
 // Acquire.
 func (s *Store) holds(key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.entries[key]
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	_, ok := sh.entries[key]
 	return ok
 }
 
 func TestBoundNeverEvictsInFlight(t *testing.T) {
-	s, clk := newStore(t, WithMaxEntries(3))
+	s, clk := newStore(t, WithMaxEntries(3), WithShards(1))
 	for i := range 3 {
 		acquire(t, s, fmt.Sprint("p", i), "o", time.Minute)
 	}
@@ -109,7 +127,7 @@ func TestBoundNeverEvictsInFlight(t *testing.T) {
 }
 
 func TestBoundDropsExpiredBeforeEvicting(t *testing.T) {
-	s, clk := newStore(t, WithMaxEntries(4))
+	s, clk := newStore(t, WithMaxEntries(4), WithShards(1))
 	acquire(t, s, "done-long", "o", time.Minute) // completed first: oldest
 	complete(t, s, "done-long", time.Hour)
 	acquire(t, s, "done-short", "o", time.Minute) // completed later, expires sooner
@@ -137,7 +155,7 @@ func TestBoundDropsExpiredBeforeEvicting(t *testing.T) {
 }
 
 func TestBoundEvictsOldestCompletedFirst(t *testing.T) {
-	s, _ := newStore(t, WithMaxEntries(3))
+	s, _ := newStore(t, WithMaxEntries(3), WithShards(1))
 	for _, k := range []string{"a", "b", "c"} {
 		acquire(t, s, k, "o", time.Minute)
 	}
@@ -355,7 +373,7 @@ func TestAllocations(t *testing.T) {
 // release back to issued counts as new), then done entries, and never an
 // entry in flight, whether it came from an issue or not.
 func TestBoundIssued(t *testing.T) {
-	s, _ := newStore(t, WithMaxEntries(3))
+	s, _ := newStore(t, WithMaxEntries(3), WithShards(1))
 	ctx := t.Context()
 	issue := func(key string) {
 		t.Helper()
@@ -388,7 +406,7 @@ func TestBoundIssued(t *testing.T) {
 		t.Fatal("a refused Issue changed the store")
 	}
 	// An entry taken from an issue is in flight: never evicted.
-	s2, _ := newStore(t, WithMaxEntries(1))
+	s2, _ := newStore(t, WithMaxEntries(1), WithShards(1))
 	if err := s2.Issue(ctx, "k", time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +447,13 @@ func TestIssuedBytes(t *testing.T) {
 // expiry heap, list of done and issued entries and byte count agree) as it
 // goes.
 func TestRandomOperations(t *testing.T) {
-	s, clk := newStore(t, WithMaxEntries(6))
+	for _, c := range shardCounts {
+		t.Run(c.name, func(t *testing.T) { testRandomOperations(t, c.n) })
+	}
+}
+
+func testRandomOperations(t *testing.T, shards int) {
+	s, clk := newStore(t, WithMaxEntries(6), WithShards(shards))
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
 	owners := []string{"o0", "o1", "o2"}
 	var wg sync.WaitGroup
@@ -464,7 +488,7 @@ func TestRandomOperations(t *testing.T) {
 					t.Errorf("unexpected error: %v", err)
 					return
 				}
-				s.checkInvariants(t)
+				s.checkShards(t, false)
 			}
 		})
 	}
@@ -472,28 +496,53 @@ func TestRandomOperations(t *testing.T) {
 	s.checkInvariants(t)
 }
 
-// checkInvariants checks that the map, the expiry heap, the list of done
-// and issued entries and the byte count agree, and the bound holds.
+// checkInvariants checks that, in every shard, the map, the expiry heap,
+// the lists of done and issued entries, the byte count and what the shard
+// published agree, and that the global count is the number of entries in
+// all shards and within the bound. No call may run meanwhile: while calls
+// run, use checkShards.
 func (s *Store) checkInvariants(t *testing.T) {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.entries) > s.max {
-		t.Errorf("%d entries over the bound of %d", len(s.entries), s.max)
+	s.checkShards(t, true)
+}
+
+// checkShards checks each shard, one at a time; atRest, when no call
+// runs, it checks the global count too.
+func (s *Store) checkShards(t *testing.T, atRest bool) {
+	t.Helper()
+	total := 0
+	for i := range s.shards {
+		total += s.shards[i].check(t, s)
 	}
-	if s.byExpiry.Len() != len(s.entries) {
-		t.Fatalf("heap holds %d entries, map %d", s.byExpiry.Len(), len(s.entries))
+	if n := s.count.Load(); atRest && n != int64(total) {
+		t.Fatalf("count %d, shards hold %d entries", n, total)
+	}
+	if atRest && total > s.max {
+		t.Errorf("%d entries over the bound of %d", total, s.max)
+	}
+}
+
+// check checks the shard's invariants and returns its number of entries.
+func (sh *shard) check(t *testing.T, s *Store) int {
+	t.Helper()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if len(sh.entries) > s.max {
+		t.Errorf("%d entries over the bound of %d", len(sh.entries), s.max)
+	}
+	if sh.byExpiry.Len() != len(sh.entries) {
+		t.Fatalf("heap holds %d entries, map %d", sh.byExpiry.Len(), len(sh.entries))
 	}
 	size := 0
-	for i, it := range s.byExpiry.items {
+	for i, it := range sh.byExpiry.items {
 		e := it.e
-		if e.index != i || s.entries[e.key] != e {
+		if e.index != i || sh.entries[e.key] != e || s.shardOf(e.key) != sh {
 			t.Fatalf("heap[%d] = %q with index %d, not the map's entry", i, e.key, e.index)
 		}
 		if it.at != e.expires.Sub(s.epoch) {
 			t.Fatalf("heap[%d] = %q: key %v, its expiry is at %v", i, e.key, it.at, e.expires.Sub(s.epoch))
 		}
-		if i > 0 && e.expires.Before(s.byExpiry.items[(i-1)/arity].e.expires) {
+		if i > 0 && e.expires.Before(sh.byExpiry.items[(i-1)/arity].e.expires) {
 			t.Fatalf("heap order broken at %d", i)
 		}
 		if e.done != (e.record != nil) || (e.done && (e.owner == "" || e.issueTTL != 0)) {
@@ -504,20 +553,28 @@ func (s *Store) checkInvariants(t *testing.T) {
 		}
 		size += e.size()
 	}
-	if size != s.bytes {
-		t.Fatalf("Bytes %d, entries hold %d", s.bytes, size)
+	if size != sh.bytes {
+		t.Fatalf("Bytes %d, entries hold %d", sh.bytes, size)
+	}
+	earliest := int64(math.MaxInt64)
+	if len(sh.byExpiry.items) > 0 {
+		earliest = int64(sh.byExpiry.items[0].at)
+	}
+	if sh.earliest.Load() != earliest || sh.nIssued.Load() != int64(sh.issued.n) || sh.nDone.Load() != int64(sh.done.n) {
+		t.Fatalf("shard %d published earliest %d, %d issued, %d done; holds %d, %d, %d",
+			sh.idx, sh.earliest.Load(), sh.nIssued.Load(), sh.nDone.Load(), earliest, sh.issued.n, sh.done.n)
 	}
 	for _, l := range []struct {
 		name string
 		list *evictList
 		in   func(*entry) bool
 	}{
-		{"issued", &s.issued, func(e *entry) bool { return !e.done && e.owner == "" }},
-		{"done", &s.done, func(e *entry) bool { return e.done }},
+		{"issued", &sh.issued, func(e *entry) bool { return !e.done && e.owner == "" }},
+		{"done", &sh.done, func(e *entry) bool { return e.done }},
 	} {
 		listed := 0
 		for e, prev := l.list.oldest, (*entry)(nil); e != nil; prev, e = e, e.next {
-			if !l.in(e) || e.prev != prev || s.entries[e.key] != e {
+			if !l.in(e) || e.prev != prev || sh.entries[e.key] != e {
 				t.Fatalf("list of %s entries broken at %q", l.name, e.key)
 			}
 			if e.next == nil && l.list.newest != e {
@@ -525,10 +582,13 @@ func (s *Store) checkInvariants(t *testing.T) {
 			}
 			listed++
 		}
+		if listed != l.list.n {
+			t.Fatalf("list of %s entries holds %d, counts %d", l.name, listed, l.list.n)
+		}
 		if l.list.oldest == nil && l.list.newest != nil {
 			t.Fatalf("list of %s entries: empty, with a newest", l.name)
 		}
-		for _, e := range s.entries {
+		for _, e := range sh.entries {
 			if l.in(e) {
 				listed--
 			}
@@ -537,6 +597,7 @@ func (s *Store) checkInvariants(t *testing.T) {
 			t.Fatalf("list of %s entries and map disagree by %d", l.name, listed)
 		}
 	}
+	return len(sh.entries)
 }
 
 // TestExpiryHeap pushes, fixes and removes entries at random and checks
@@ -576,7 +637,7 @@ func TestExpiryHeap(t *testing.T) {
 // evicted first, oldest first; every Issue succeeds.
 func TestIssueFloodKeepsDoneRecords(t *testing.T) {
 	const bound, flood = 1000, 100_000
-	s, _ := newStore(t, WithMaxEntries(bound))
+	s, _ := newStore(t, WithMaxEntries(bound), WithShards(1))
 	ctx := t.Context()
 	acquire(t, s, "payment", "o", time.Minute)
 	complete(t, s, "payment", time.Hour)
@@ -679,5 +740,271 @@ func TestListOldestFirst(t *testing.T) {
 	}
 	if len(p.Entries) != 3 || p.Entries[0].Key != "k6" || p.Entries[2].Key != "k4" || p.Next != "" {
 		t.Fatalf("entries at least 5s old: %+v, want k6, k5, k4", p)
+	}
+}
+
+func TestWithShards(t *testing.T) {
+	def := powerOfTwo(4*runtime.GOMAXPROCS(0), maxDefaultShards)
+	for _, c := range []struct{ n, want int }{{0, def}, {-3, def}, {1, 1}, {3, 4}, {64, 64}, {65, 128}, {256, 256}, {1000, 256}} {
+		s := New(WithShards(c.n))
+		s.Close()
+		if len(s.shards) != c.want || int(s.mask) != c.want-1 {
+			t.Errorf("WithShards(%d): %d shards, want %d", c.n, len(s.shards), c.want)
+		}
+	}
+	if def < 4 || def > 64 || def&(def-1) != 0 {
+		t.Errorf("default of %d shards", def)
+	}
+}
+
+// manyShards is a store of many shards with a small bound, with its keys
+// spread over several shards: what still holds of the eviction order
+// holds across shards.
+func manyShards(t *testing.T, bound int) (*Store, *testclock.Clock) {
+	t.Helper()
+	s, clk := newStore(t, WithMaxEntries(bound), WithShards(64))
+	return s, clk
+}
+
+// TestBoundManyShards: with many shards, expired entries go before live
+// ones, issued entries before done ones, and never an entry in flight,
+// wherever their shard; the bound holds; ErrFull comes only when every
+// entry is in flight.
+func TestBoundManyShards(t *testing.T) {
+	const n = 10
+	s, clk := manyShards(t, 3*n)
+	ctx := t.Context()
+	for i := range n {
+		acquire(t, s, fmt.Sprint("done-", i), "o", time.Minute)
+		complete(t, s, fmt.Sprint("done-", i), time.Hour)
+		if err := s.Issue(ctx, fmt.Sprint("issued-", i), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		acquire(t, s, fmt.Sprint("expiring-", i), "o", time.Second)
+	}
+	clk.Advance(time.Second)
+	shards := map[*shard]bool{}
+	for i := range n {
+		shards[s.shardOf(fmt.Sprint("expiring-", i))] = true
+	}
+	if len(shards) < 2 {
+		t.Fatal("setup: the expired entries are in one shard")
+	}
+	// Expired entries go first, wherever they are.
+	for i := range n {
+		acquire(t, s, fmt.Sprint("flight-", i), "o", time.Hour)
+	}
+	for i := range n {
+		if !s.holds(fmt.Sprint("done-", i)) || !s.holds(fmt.Sprint("issued-", i)) {
+			t.Fatalf("a live entry was evicted while expired ones were left (after %d)", i)
+		}
+	}
+	s.checkInvariants(t)
+	// Then issued entries, all of them before any done one.
+	for i := range n {
+		acquire(t, s, fmt.Sprint("flight2-", i), "o", time.Hour)
+		for j := range n {
+			if !s.holds(fmt.Sprint("done-", j)) {
+				t.Fatalf("done-%d evicted while %d issued entries were left", j, n-1-i)
+			}
+		}
+	}
+	for i := range n {
+		if s.holds(fmt.Sprint("issued-", i)) {
+			t.Fatalf("issued-%d kept", i)
+		}
+	}
+	// Then done ones; never one in flight.
+	for i := range n {
+		acquire(t, s, fmt.Sprint("flight3-", i), "o", time.Hour)
+	}
+	if s.Len() != 3*n {
+		t.Fatalf("Len %d, want %d", s.Len(), 3*n)
+	}
+	for _, p := range []string{"flight-", "flight2-", "flight3-"} {
+		for i := range n {
+			if res := acquire(t, s, fmt.Sprint(p, i), "other", time.Hour); res.State != storage.InFlight {
+				t.Fatalf("%s%d is %v, want in flight", p, i, res.State)
+			}
+		}
+	}
+	if _, err := s.Acquire(ctx, "one-more", "o", "fp", time.Hour); !errors.Is(err, storage.ErrFull) {
+		t.Fatalf("every entry in flight: %v, want ErrFull", err)
+	}
+	if err := s.Issue(ctx, "one-more", time.Hour); !errors.Is(err, storage.ErrFull) {
+		t.Fatalf("every entry in flight: Issue: %v, want ErrFull", err)
+	}
+	s.checkInvariants(t)
+	// One completes: its shard or another, the next new key takes its place.
+	complete(t, s, "flight3-0", time.Hour)
+	if res := acquire(t, s, "last", "o", time.Hour); res.State != storage.Acquired || s.holds("flight3-0") {
+		t.Fatalf("after one completed: %v, want it evicted and the new key acquired", res.State)
+	}
+	s.checkInvariants(t)
+}
+
+// TestIssueFloodManyShards: with many shards too, a flood of Issue calls
+// never evicts a done record while an issued entry is left anywhere.
+func TestIssueFloodManyShards(t *testing.T) {
+	const bound, flood = 200, 20_000
+	s, _ := manyShards(t, bound)
+	ctx := t.Context()
+	for i := range 10 {
+		acquire(t, s, fmt.Sprint("payment-", i), "o", time.Minute)
+		complete(t, s, fmt.Sprint("payment-", i), time.Hour)
+	}
+	for i := range flood {
+		if err := s.Issue(ctx, fmt.Sprint("issued-", i), time.Hour); err != nil {
+			t.Fatalf("Issue %d of %d: %v", i+1, flood, err)
+		}
+	}
+	for i := range 10 {
+		if res := acquire(t, s, fmt.Sprint("payment-", i), "retry", time.Minute); res.State != storage.Done {
+			t.Fatalf("payment-%d after %d Issue calls: %v, want done", i, flood, res.State)
+		}
+	}
+	if s.Len() != bound || !s.holds(fmt.Sprint("issued-", flood-1)) {
+		t.Fatalf("Len %d, want the bound %d with the newest issued entry", s.Len(), bound)
+	}
+	s.checkInvariants(t)
+}
+
+// TestConcurrentBound: many goroutines on a small bound with many shards
+// acquire, complete, issue, release and remove; each holds a key in
+// flight meanwhile, which must never be evicted, and at rest the bound
+// and the counts hold.
+func TestConcurrentBound(t *testing.T) {
+	const goroutines, rounds, bound = 32, 150, 64
+	s, clk := newStore(t, WithMaxEntries(bound), WithShards(64))
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 2))
+			ctx := t.Context()
+			owner := fmt.Sprint("owner-", g)
+			for i := range rounds {
+				own := fmt.Sprintf("own-%d-%d", g, i)
+				res, err := s.Acquire(ctx, own, owner, "fp", time.Hour)
+				if errors.Is(err, storage.ErrFull) {
+					continue // under the race, the entries another found may be gone
+				}
+				if err != nil || res.State != storage.Acquired {
+					t.Errorf("Acquire(%s): %v, %v", own, res.State, err)
+					return
+				}
+				other := fmt.Sprintf("k-%d-%d", g, r.IntN(rounds))
+				switch r.IntN(6) {
+				case 0:
+					s.Issue(ctx, other, time.Duration(1+r.IntN(100))*time.Millisecond)
+				case 1:
+					if res, _ := s.AcquireIssued(ctx, other, owner, "fp", time.Hour); res.State == storage.Acquired {
+						s.Release(ctx, other, owner)
+					}
+				case 2:
+					if res, _ := s.Acquire(ctx, other, owner, "fp", time.Hour); res.State == storage.Acquired {
+						s.Complete(ctx, other, owner, []byte("rec"), time.Duration(1+r.IntN(1000))*time.Millisecond)
+					}
+				case 3:
+					if e, err := s.Lookup(ctx, other, false); err == nil {
+						s.Remove(ctx, other, e.Version)
+					}
+				case 4:
+					clk.Advance(time.Millisecond)
+				case 5:
+					if err := s.Issue(ctx, other, time.Hour); err == nil {
+						s.AcquireIssued(ctx, other, owner, "fp", time.Hour)
+						s.Release(ctx, other, owner)
+					}
+				}
+				if res, err := s.Acquire(ctx, own, "someone-else", "fp", time.Hour); err != nil || res.State != storage.InFlight {
+					t.Errorf("%s in flight: %v, %v: evicted", own, res.State, err)
+					return
+				}
+				if r.IntN(2) == 0 {
+					err = s.Complete(ctx, own, owner, []byte("rec"), time.Hour)
+				} else {
+					err = s.Release(ctx, own, owner)
+				}
+				if err != nil {
+					t.Errorf("completing %s: %v", own, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := s.Len(); n > bound {
+		t.Fatalf("Len %d over the bound of %d", n, bound)
+	}
+	s.checkInvariants(t)
+}
+
+// TestCreatedWhileMakingRoom: while Acquire or Issue makes room in another
+// shard, its own shard is unlocked, and another call may create the key:
+// then it answers as for an existing key and gives its place back.
+func TestCreatedWhileMakingRoom(t *testing.T) {
+	s, _ := newStore(t, WithMaxEntries(2), WithShards(64))
+	ctx := t.Context()
+	// Three keys in three shards.
+	var keys []string
+	used := map[*shard]bool{}
+	for i := 0; len(keys) < 3; i++ {
+		k := fmt.Sprint("k", i)
+		if sh := s.shardOf(k); !used[sh] {
+			used[sh] = true
+			keys = append(keys, k)
+		}
+	}
+	a, c, b := keys[0], keys[1], keys[2]
+	for _, k := range []string{a, c} {
+		if err := s.Issue(ctx, k, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, call := range []struct {
+		name string
+		run  func() error
+		want func(error) bool
+	}{
+		{"Acquire", func() error {
+			res, err := s.Acquire(ctx, b, "o1", "fp1", time.Minute)
+			if err == nil && (res.State != storage.InFlight || res.Fingerprint != "fp2") {
+				return fmt.Errorf("%v with %q, want in flight with fp2", res.State, res.Fingerprint)
+			}
+			return err
+		}, func(err error) bool { return err == nil }},
+		{"Issue", func() error { return s.Issue(ctx, b, time.Hour) }, func(err error) bool { return errors.Is(err, storage.ErrExists) }},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			hooked := false
+			testHookUnlocked = func() {
+				if hooked {
+					return
+				}
+				hooked = true
+				if res, err := s.Acquire(ctx, b, "o2", "fp2", time.Minute); err != nil || res.State != storage.Acquired {
+					t.Errorf("the other Acquire: %v, %v", res.State, err)
+				}
+			}
+			defer func() { testHookUnlocked = nil }()
+			if err := call.run(); !call.want(err) {
+				t.Fatalf("%s of a key created meanwhile: %v", call.name, err)
+			}
+			if !hooked {
+				t.Fatal("setup: makeRoom did not unlock its shard")
+			}
+			if s.Len() > 2 {
+				t.Fatalf("Len %d over the bound", s.Len())
+			}
+			s.checkInvariants(t)
+			// Back to two issued entries and none else.
+			s.Release(ctx, b, "o2")
+			for _, k := range []string{a, c} {
+				s.Issue(ctx, k, time.Hour)
+			}
+			if s.Len() != 2 || s.holds(b) {
+				t.Fatalf("setup: Len %d", s.Len())
+			}
+		})
 	}
 }
