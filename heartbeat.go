@@ -3,7 +3,9 @@ package idem
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 
@@ -11,10 +13,14 @@ import (
 )
 
 // beats renews the leases of the handlers that run for longer than
-// lease/3, every lease/3, with one timer for the whole Middleware: a
-// handler that finishes sooner costs no timer, goroutine or allocation.
-// The queue is in order of due time, since every entry is due the same
-// period after it was queued.
+// lease/3, every lease/3, with one timer per queue: a handler that
+// finishes sooner costs no timer, goroutine or allocation. A queue is in
+// order of due time, since every entry is due the same period after it was
+// queued. Executions are spread over several queues, each behind a lock of
+// its own, by a hash of their storage key, so that handlers starting and
+// finishing on many cores seldom wait for each other (issue 28: on 16
+// cores, one queue's lock was a fifth of the lock waiting left once the
+// memory store was sharded).
 //
 // A renewal that fails (the store is unreachable, or slow) is tried again
 // soon, not a period later, with a timer of its own: after a jittered
@@ -27,14 +33,25 @@ import (
 // lease does, that is shorter than two thirds of the lease when it begins
 // as a renewal falls due, costs no second execution.
 type beats struct {
-	m     *Middleware
-	every time.Duration
+	m      *Middleware
+	every  time.Duration
+	seed   maphash.Seed
+	queues []beatQueue // a power of two of them
+}
 
+// beatQueue is one queue of beats, with its lock and its timer.
+type beatQueue struct {
+	s          *beats
 	mu         sync.Mutex
 	t          *time.Timer // armed while armed is true
 	armed      bool
-	head, tail *beat // waiting, soonest due first
+	head, tail *beat    // waiting, soonest due first
+	_          [64]byte // no false sharing with the next queue
 }
+
+// maxBeatQueues bounds the number of heartbeat queues: 4 a P (GOMAXPROCS
+// at New), rounded up to a power of two.
+const maxBeatQueues = 64 // fits beat.q
 
 // beat is one handler's place in the heartbeat queue.
 type beat struct {
@@ -47,86 +64,102 @@ type beat struct {
 	prev, next  *beat
 	queued      bool
 	stopped     bool
+	q           uint8          // its queue's index in beats.queues (in padding: no larger execution)
 	renewing    sync.WaitGroup // a renewal in progress, or a retry set
 }
 
 func (s *beats) init(m *Middleware) {
-	s.m, s.every = m, m.cfg.lease/3
-	s.t = time.AfterFunc(time.Hour, s.fire)
-	s.t.Stop()
+	s.m, s.every, s.seed = m, m.cfg.lease/3, maphash.MakeSeed()
+	n := 1
+	for n < 4*runtime.GOMAXPROCS(0) && n < maxBeatQueues {
+		n <<= 1
+	}
+	s.queues = make([]beatQueue, n)
+	for i := range s.queues {
+		q := &s.queues[i]
+		q.s = s
+		q.t = time.AfterFunc(time.Hour, q.fire)
+		q.t.Stop()
+	}
 }
 
 // start queues b: its lease is renewed every lease/3 until stop. ctx is
 // the execution's: the renewals keep its values, not its cancellation.
 func (s *beats) start(b *beat, ctx context.Context, skey, owner string) {
 	b.ctx, b.skey, b.owner = ctx, skey, owner
-	s.mu.Lock()
+	if len(s.queues) > 1 {
+		b.q = uint8(maphash.String(s.seed, skey) & uint64(len(s.queues)-1))
+	}
+	q := &s.queues[b.q]
+	q.mu.Lock()
 	b.ok = time.Now()
-	s.push(b)
-	s.mu.Unlock()
+	q.push(b)
+	q.mu.Unlock()
 }
 
 // stop ends b's renewals and waits for one in progress, so that no renewal
 // happens after the handler finished.
 func (s *beats) stop(b *beat) {
-	s.mu.Lock()
+	q := &s.queues[b.q]
+	q.mu.Lock()
 	b.stopped = true
 	if b.queued {
-		s.unlink(b)
+		q.unlink(b)
 	}
 	if b.retry != nil && b.retry.Stop() {
 		b.renewing.Done() // the retry that will not run
 	}
-	s.mu.Unlock()
+	q.mu.Unlock()
 	b.renewing.Wait()
 }
 
-// push queues b, due one period from now. s.mu is held.
-func (s *beats) push(b *beat) {
-	b.due = time.Now().Add(s.every)
-	b.prev, b.next, b.queued = s.tail, nil, true
-	if s.tail != nil {
-		s.tail.next = b
+// push queues b, due one period from now. q.mu is held.
+func (q *beatQueue) push(b *beat) {
+	b.due = time.Now().Add(q.s.every)
+	b.prev, b.next, b.queued = q.tail, nil, true
+	if q.tail != nil {
+		q.tail.next = b
 	} else {
-		s.head = b
+		q.head = b
 	}
-	s.tail = b
-	if !s.armed {
-		s.armed = true
-		s.t.Reset(s.every)
+	q.tail = b
+	if !q.armed {
+		q.armed = true
+		q.t.Reset(q.s.every)
 	}
 }
 
-// unlink takes b out of the queue. s.mu is held.
-func (s *beats) unlink(b *beat) {
+// unlink takes b out of the queue. q.mu is held.
+func (q *beatQueue) unlink(b *beat) {
 	if b.prev != nil {
 		b.prev.next = b.next
 	} else {
-		s.head = b.next
+		q.head = b.next
 	}
 	if b.next != nil {
 		b.next.prev = b.prev
 	} else {
-		s.tail = b.prev
+		q.tail = b.prev
 	}
 	b.prev, b.next, b.queued = nil, nil, false
 }
 
-// fire starts the renewals that are due and arms the timer for the next.
-func (s *beats) fire() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// fire starts the renewals of q that are due and arms its timer for the
+// next.
+func (q *beatQueue) fire() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	now := time.Now()
-	for b := s.head; b != nil && !b.due.After(now); b = s.head {
-		s.unlink(b)
+	for b := q.head; b != nil && !b.due.After(now); b = q.head {
+		q.unlink(b)
 		b.renewing.Add(1)
-		go s.renew(b)
+		go q.s.renew(b)
 	}
-	if s.head == nil {
-		s.armed = false
+	if q.head == nil {
+		q.armed = false
 		return
 	}
-	s.t.Reset(s.head.due.Sub(now))
+	q.t.Reset(q.head.due.Sub(now))
 }
 
 // renew extends b's lease once. On success it queues b again for the next
@@ -136,10 +169,10 @@ func (s *beats) fire() {
 // end of the lease as the last success left it.
 func (s *beats) renew(b *beat) {
 	defer b.renewing.Done()
-	lease := s.m.cfg.lease
-	s.mu.Lock()
+	lease, q := s.m.cfg.lease, &s.queues[b.q]
+	q.mu.Lock()
 	stopped, ok := b.stopped, b.ok
-	s.mu.Unlock()
+	q.mu.Unlock()
 	if stopped {
 		return
 	}
@@ -152,13 +185,13 @@ func (s *beats) renew(b *beat) {
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(b.ctx), deadline)
 	err := s.m.store.Extend(ctx, b.skey, b.owner, lease)
 	cancel()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	switch {
 	case b.stopped || errors.Is(err, storage.ErrNotOwner):
 	case err == nil:
 		b.ok, b.fails = sent, 0
-		s.push(b)
+		q.push(b)
 	default:
 		left := time.Until(end)
 		if left <= 0 {
