@@ -162,7 +162,11 @@ func WithClock(now func() time.Time) Option {
 // is the whole store's, and making room drops every expired entry. With
 // several, the victim is the oldest of the key's shard, else of another
 // shard: order 1-4 holds across the store, but the entry evicted may be
-// younger than one of another shard.
+// younger than one of another shard. And when every entry but a few is in
+// flight, concurrent calls race for the few: one that finds them taken
+// fails with ErrFull although another call frees a place at the same time
+// (a client's retry gets it); with one call at a time, ErrFull means that
+// every entry is in flight.
 //
 // So a flood of Issue calls (each form load issues a key) evicts issued
 // entries, the oldest first, and never a completed record while an issued
