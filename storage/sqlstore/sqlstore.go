@@ -564,13 +564,15 @@ func (s *Store) maxPacket(ctx context.Context) (int64, error) {
 // probe found the row locked: ErrLocked when the row, as it was before
 // the lock, is the owner's live processing or committed row; otherwise
 // what the row says (a row another owner held cannot become the
-// caller's). done is what a done row of the owner's answers.
+// caller's). The owner's row counts even once its lease has run out: the
+// transaction that holds it may be the owner's, fenced in time, and
+// about to commit. done is what a done row answers.
 func (s *Store) lockedAnswer(ctx context.Context, op, key, owner string, done func(r row) error) error {
 	r, found, _, err := s.read(ctx, s.sql.peek, key)
 	switch {
 	case err != nil:
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
-	case found && r.live() && r.mine(owner) && (r.state == "processing" || r.state == "committed"):
+	case found && r.mine(owner) && (r.state == "processing" || r.state == "committed"):
 		return fmt.Errorf("sqlstore: %s: %w", op, ErrLocked)
 	case found && r.live() && r.state == "done" && done != nil:
 		return done(r)
@@ -655,10 +657,10 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 		switch {
 		case err != nil:
 			return fmt.Errorf("sqlstore: release: %w", err)
+		case found && r.mine(owner) && (r.state == "processing" || r.state == "committed"):
+			return fmt.Errorf("sqlstore: release: %w", ErrLocked)
 		case !found || !r.live() || r.state == "issued":
 			return nil // nothing held
-		case r.mine(owner) && (r.state == "processing" || r.state == "committed"):
-			return fmt.Errorf("sqlstore: release: %w", ErrLocked)
 		}
 		return fmt.Errorf("sqlstore: release: %w", storage.ErrNotOwner)
 	case !found || !r.live():
