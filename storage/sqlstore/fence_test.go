@@ -102,13 +102,17 @@ func TestFenceOpenAnswersAtOnce(t *testing.T) {
 		})
 	}
 	for i := range 8 {
-		call("Acquire", func() (storage.Result, error) { return s.Acquire(ctx, "k", fmt.Sprint("dup-", i), "fp-o1", time.Minute) })
+		call("Acquire", func() (storage.Result, error) {
+			return s.Acquire(ctx, "k", fmt.Sprint("dup-", i), "fp-o1", time.Minute)
+		})
 	}
 	call("AcquireIssued", func() (storage.Result, error) { return s.AcquireIssued(ctx, "k", "dup-i", "fp-o1", time.Minute) })
 	call("Acquire of another key", func() (storage.Result, error) { return s.Acquire(ctx, "other", "o", "fp", time.Minute) })
 	call("Issue", func() (storage.Result, error) { return storage.Result{}, s.Issue(ctx, "k", time.Hour) })
 	call("Extend", func() (storage.Result, error) { return storage.Result{}, s.Extend(ctx, "k", "o1", time.Minute) })
-	call("Complete", func() (storage.Result, error) { return storage.Result{}, s.Complete(ctx, "k", "o1", []byte("r"), time.Hour) })
+	call("Complete", func() (storage.Result, error) {
+		return storage.Result{}, s.Complete(ctx, "k", "o1", []byte("r"), time.Hour)
+	})
 	call("Release", func() (storage.Result, error) { return storage.Result{}, s.Release(ctx, "k", "o1") })
 	call("Lookup", func() (storage.Result, error) {
 		e, err := s.Lookup(ctx, "k", false)
