@@ -65,11 +65,21 @@ func (s *Store) Fence(ctx context.Context, tx *sql.Tx) error {
 	if l.Key == "" || l.Owner == "" || l.TTL <= 0 {
 		return fmt.Errorf("sqlstore: fence: %w: key %q, owner %q, TTL %v", storage.ErrInvalid, l.Key, l.Owner, l.TTL)
 	}
-	st, err := s.stmt(ctx, s.sql.fence)
-	if err != nil {
-		return fmt.Errorf("sqlstore: fence: %w", err)
+	// Only on tx's connection: preparing on the pool would need a second
+	// connection while tx holds one, and wait for it on a pool at its
+	// limit. A statement prepared already is prepared on tx's connection
+	// (once per connection); otherwise the driver prepares it there for
+	// this call (Acquire prepares it on the pool).
+	args := []any{ms(l.TTL), []byte(l.Key), []byte(l.Owner)}
+	var (
+		res sql.Result
+		err error
+	)
+	if st := s.cached(s.sql.fence); st != nil {
+		res, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	} else {
+		res, err = tx.ExecContext(ctx, s.sql.fence, args...)
 	}
-	res, err := tx.StmtContext(ctx, st).ExecContext(ctx, ms(l.TTL), []byte(l.Key), []byte(l.Owner))
 	if err != nil {
 		return fmt.Errorf("sqlstore: fence: %w", err)
 	}

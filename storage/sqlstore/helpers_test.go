@@ -127,3 +127,25 @@ func state(t testing.TB, db *sql.DB, key string) string {
 	}
 	return s
 }
+
+// sameDB returns a second *sql.DB on db's database, with the session
+// parameters params, closed when the test ends.
+func sameDB(t testing.TB, db *sql.DB, params map[string]string) *sql.DB {
+	t.Helper()
+	var name string
+	if err := db.QueryRow("SELECT DATABASE()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := mysql.ParseDSN(mysqltest.WithDatabase(mysqltest.DSN(t), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = params
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db2 := sql.OpenDB(conn)
+	t.Cleanup(func() { db2.Close() })
+	return db2
+}

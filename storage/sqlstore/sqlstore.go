@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -250,6 +249,14 @@ func (s *Store) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
 	return st, nil
 }
 
+// cached returns the prepared statement of q, or nil when it is not
+// prepared yet.
+func (s *Store) cached(q string) *sql.Stmt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prepared[q]
+}
+
 // deadlockTries is how many times a statement chosen as a deadlock victim
 // (MySQL error 1213) is run in all. The store's statements are single-row
 // autocommit statements that take their locks in one order, so a deadlock
@@ -404,6 +411,12 @@ func (s *Store) AcquireIssued(ctx context.Context, key, owner, fingerprint strin
 // finds a row, or changes none, another request got there first, and it
 // reads again.
 func (s *Store) acquire(ctx context.Context, issued bool, key, owner, fp string, lease time.Duration) (storage.Result, error) {
+	if s.cached(s.sql.fence) == nil {
+		// For the Fence this execution may run: see Fence.
+		if _, err := s.stmt(ctx, s.sql.fence); err != nil {
+			return storage.Result{}, err
+		}
+	}
 	locked := 0
 	for {
 		r, found, _, err := s.read(ctx, s.sql.read, key)
@@ -718,67 +731,77 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 	return nil
 }
 
-// Cleanup deletes the expired rows of the table, in transactions of at
-// most WithCleanupBatch rows each, one after another until one deletes
-// fewer, and returns how many it deleted. Each transaction runs under
-// READ COMMITTED (no gap locks), locks the expired rows it finds with FOR
-// UPDATE SKIP LOCKED (so it skips a row that a Fence's transaction or
-// another statement holds, and waits for none) and deletes them. The
+// Cleanup deletes the expired rows of the table, in batches of at most
+// WithCleanupBatch rows each, one after another until one finds fewer,
+// and returns how many it deleted. A batch reads the oldest expired keys
+// through the index on expires, without a lock; then, for each, a locking
+// read with NOWAIT skips the row if a transaction holds it (a Fence's, or
+// another statement's), and an autocommit DELETE removes it if it is
+// still expired: no statement waits, and none holds more than one row's
+// lock, for one statement (one round trip for the batch, and two per
+// row). The
 // janitor calls it; so may a scheduler of your own. It stops at the first
 // error, such as the end of ctx, and returns it with the count so far.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		n, err := s.cleanupBatch(ctx)
+		found, n, err := s.cleanupBatch(ctx)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: cleanup: %w", err)
 		}
-		if n < int64(s.batch) {
+		if found < int64(s.batch) {
 			return total, nil
 		}
 	}
 }
 
-func (s *Store) cleanupBatch(ctx context.Context) (int64, error) {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+// cleanupBatch deletes at most one batch of expired rows and returns how
+// many expired rows it found (a full batch asks for another) and how many
+// it deleted.
+func (s *Store) cleanupBatch(ctx context.Context) (found, deleted int64, err error) {
+	keys, err := s.expiredKeys(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, s.sql.cleanupSelect, s.batch)
+	for _, k := range keys {
+		var one int
+		_, err := s.queryRow(ctx, s.sql.cleanupLock, []any{k}, &one)
+		switch {
+		case err != nil && s.dialect.classify(err) == errLocked:
+			continue // held by a transaction: the next run tries again
+		case err != nil:
+			return int64(len(keys)), deleted, err
+		}
+		n, err := s.exec(ctx, s.sql.cleanupDelete, k)
+		if err != nil {
+			return int64(len(keys)), deleted, err
+		}
+		deleted += n
+	}
+	return int64(len(keys)), deleted, nil
+}
+
+// expiredKeys returns the oldest expired keys, at most a batch.
+func (s *Store) expiredKeys(ctx context.Context) ([][]byte, error) {
+	st, err := s.stmt(ctx, s.sql.cleanupSelect)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var keys []any
+	rows, err := st.QueryContext(ctx, s.batch)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys [][]byte
 	for rows.Next() {
 		var k []byte
 		if err := rows.Scan(&k); err != nil {
-			rows.Close()
-			return 0, err
+			return nil, err
 		}
 		keys = append(keys, k)
 	}
-	if err := rows.Err(); err != nil {
-		return 0, err
-	}
-	rows.Close()
-	if len(keys) == 0 {
-		return 0, tx.Commit()
-	}
-	q := strings.Replace(s.sql.cleanupDelete, "{keys}", strings.TrimSuffix(strings.Repeat("?, ", len(keys)), ", "), 1)
-	res, err := tx.ExecContext(ctx, q, keys...)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, err
-	}
-	return n, nil
+	return keys, rows.Err()
 }
 
 // runJanitor runs Cleanup every cleanupEvery until ctx ends, each run
