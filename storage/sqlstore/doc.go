@@ -128,7 +128,7 @@
 //     and owners over 255 bytes are [storage.ErrInvalid], fingerprints are
 //     bounded by the contract), so it works in strict mode and without it
 //     (TestContractSessionSettings runs the contract suite with sql_mode
-//     ” and a time zone of +09:30).
+//     set to the empty string and a time zone of +09:30).
 //   - Assignment order: MySQL's and MariaDB's UPDATE evaluates SET left to
 //     right, each assignment seeing those before it; the statements assign
 //     the columns that read the old row first.
