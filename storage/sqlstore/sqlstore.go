@@ -418,7 +418,10 @@ func (s *Store) acquire(ctx context.Context, issued bool, key, owner, fp string,
 		}
 	}
 	locked := 0
-	for {
+	for try := 1; ; try++ {
+		if try > maxRaces {
+			return storage.Result{}, fmt.Errorf("the row changed under %d reads in a row", maxRaces)
+		}
 		r, found, _, err := s.read(ctx, s.sql.read, key)
 		if err != nil {
 			return storage.Result{}, err
@@ -490,6 +493,11 @@ func (s *Store) acquire(ctx context.Context, issued bool, key, owner, fp string,
 		// Changed meanwhile: read it again.
 	}
 }
+
+// maxRaces bounds the reads of one Acquire: each read after the first
+// follows a write that found the row changed by another request, which
+// a few requests on one key make rare and an endless run impossible.
+const maxRaces = 50
 
 // pause waits a few milliseconds before the try-th read of a locked row.
 func pause(ctx context.Context, try int) error {
