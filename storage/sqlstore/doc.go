@@ -108,8 +108,11 @@
 //     until the application rolls back: roll back at once.
 //   - Deadlocks (1213) need a third party (an application's transaction on
 //     the table); a statement chosen as the victim changed nothing and is
-//     run again, at most 3 times in all. TestChurn runs every operation on
-//     three keys from 12 goroutines: no 1213 or 1205 reaches a caller.
+//     run again, at most 3 times in all. TestDeadlockRetried provokes one
+//     (two Acquire whose INSERTs queue behind an application's
+//     uncommitted row of the same key, which then rolls back: InnoDB
+//     kills one of the two), and TestChurn runs every operation on three
+//     keys from 12 goroutines: no 1213 or 1205 reaches a caller.
 //   - Lock waits (1205 after innodb_lock_wait_timeout): see Row locks; the
 //     tests measure the answers during an open fenced transaction with
 //     the server's timeout left at 50 s.

@@ -390,3 +390,82 @@ func TestClassify(t *testing.T) {
 		t.Errorf("a plain error: %s", got)
 	}
 }
+
+// TestDeadlockRetried provokes InnoDB's classic deadlock (error 1213): a
+// transaction of the application's inserts a key's row and holds it; two
+// Acquire of the key wait on it (their INSERTs queue behind its lock);
+// it rolls back, the two waiting INSERTs both get a shared lock, both
+// want the exclusive one, and InnoDB kills one. The store runs the
+// victim's statement again: both Acquire answer, one acquired, the other
+// in flight, and neither sees the 1213.
+func TestDeadlockRetried(t *testing.T) {
+	db := testDB(t)
+	s := open(t, db)
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("INSERT INTO `"+sqlstore.DefaultTable+"` (`key`, state, owner, fingerprint, expires, since) "+
+		"VALUES (?, 'processing', 'app', '', 0, 0)", []byte("k")); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		res storage.Result
+		err error
+	}
+	answers := make(chan answer, 2)
+	for i := range 2 {
+		go func() {
+			res, err := s.Acquire(ctx, "k", fmt.Sprint("o", i), fmt.Sprint("fp", i), time.Minute)
+			answers <- answer{res, err}
+		}()
+	}
+	// Both INSERTs wait on the transaction's row: the server's process list
+	// shows them under way.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var waiting int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.processlist WHERE command = 'Execute' AND info LIKE 'INSERT INTO `" +
+			sqlstore.DefaultTable + "`%' AND db = DATABASE()").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			select {
+			case a := <-answers:
+				t.Logf("an Acquire answered: %+v, %v", a.res, a.err)
+			default:
+			}
+			t.Fatalf("%d Acquire waiting on the application's row after 5 s, want 2", waiting)
+		}
+		time.Sleep(5 * time.Millisecond) // the server's lock queue: nothing to wait on but polling it
+	}
+	var deadlocksBefore int64
+	db.QueryRow("SELECT variable_value FROM information_schema.global_status WHERE variable_name = 'INNODB_DEADLOCKS'").Scan(&deadlocksBefore)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	won := 0
+	for range 2 {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			t.Errorf("Acquire: %v", a.err)
+		case a.res.State == storage.Acquired:
+			won++
+		case a.res.State != storage.InFlight:
+			t.Errorf("Acquire: %v", a.res.State)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d acquired, want 1", won)
+	}
+	var deadlocks int64
+	if err := db.QueryRow("SELECT variable_value FROM information_schema.global_status WHERE variable_name = 'INNODB_DEADLOCKS'").Scan(&deadlocks); err == nil {
+		t.Logf("InnoDB deadlocks during the test: %d", deadlocks-deadlocksBefore)
+	}
+}
