@@ -134,7 +134,9 @@
 //     set to the empty string and a time zone of +09:30).
 //   - Assignment order: MySQL's and MariaDB's UPDATE evaluates SET left to
 //     right, each assignment seeing those before it; the statements assign
-//     the columns that read the old row first.
+//     the columns that read the old row first, so they mean the same under
+//     MariaDB's SIMULTANEOUS_ASSIGNMENT sql_mode, where each sees the old
+//     row.
 //   - Autocommit: the store's statements rely on it; do not turn it off in
 //     the DSN. Fence works in a transaction of any isolation level (an
 //     UPDATE reads the newest committed row).
