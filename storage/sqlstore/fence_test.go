@@ -208,7 +208,7 @@ func TestFenceOpenPastLease(t *testing.T) {
 	wantLockWait50(t, db)
 	s := open(t, db)
 	ctx := context.Background()
-	tx := fenceTx(t, db, s, "k", "o1", 300*time.Millisecond)
+	tx := fenceTx(t, db, s, "k", "o1", time.Second) // a lease the Fence comes well within, on a slow machine
 	waitServerClock(t, db, "k")
 
 	res := prompt(t, "Acquire", func() storage.Result {
