@@ -8,9 +8,10 @@
 // of the binary (each test uses a database of its own: [Database]). It
 // looks for mariadb-install-db and mariadbd on PATH and in /usr/sbin and
 // /usr/bin (Debian keeps mariadbd in /usr/sbin, which may be off a user's
-// PATH). The server runs in a temporary directory (data, socket, pid file,
-// log) with --no-defaults, --skip-log-bin and no password for root, on a
-// free loopback port; as root it runs with --user=root. Without the
+// PATH). The server runs in a temporary directory (data, temporary
+// files, socket, pid file, log) with --no-defaults, --skip-log-bin and no
+// password for root, on a free loopback port; as root it runs with
+// --user=root. Without the
 // binaries the test is skipped, unless IDEM_REQUIRE_MYSQL=1 (as in CI),
 // where it fails.
 //
@@ -219,8 +220,17 @@ func start() (*server, error) {
 		user = []string{"--user=root"}
 	}
 	data := filepath.Join(dir, "data")
+	// A temporary directory of the server's own: the bootstrap's temporary
+	// tables in the shared /tmp collide with another test binary's
+	// bootstrap running at the same time ("Could not remove temporary
+	// table", then "Unknown table 'mysql.tmp_proxies_priv'": seen when
+	// go test started four packages' servers at once).
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return fail(err)
+	}
 	args := append([]string{"--no-defaults"}, user...)
-	args = append(args, "--datadir="+data, "--auth-root-authentication-method=normal", "--skip-test-db")
+	args = append(args, "--datadir="+data, "--tmpdir="+tmp, "--auth-root-authentication-method=normal", "--skip-test-db")
 	cmd := exec.Command(install, args...)
 	cmd.Env = env()
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -249,7 +259,7 @@ func startAt(mariadbd, dir string, user []string, port int) (*server, error) {
 	}
 	defer log.Close()
 	args := append([]string{"--no-defaults"}, user...)
-	args = append(args, "--datadir="+filepath.Join(dir, "data"), "--socket="+filepath.Join(dir, "sock"),
+	args = append(args, "--datadir="+filepath.Join(dir, "data"), "--tmpdir="+filepath.Join(dir, "tmp"), "--socket="+filepath.Join(dir, "sock"),
 		"--pid-file="+filepath.Join(dir, "pid"), "--port="+strconv.Itoa(port), "--bind-address=127.0.0.1",
 		"--skip-log-bin", "--innodb-flush-log-at-trx-commit=0", "--max-connections=300",
 		"--innodb-buffer-pool-size=64M")
