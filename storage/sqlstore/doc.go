@@ -119,7 +119,9 @@
 //   - SKIP LOCKED did not skip a row that a Fence's open transaction had
 //     updated (an implicit lock) when read through the primary key with an
 //     IN list on MariaDB 10.11, and the janitor's DELETE then waited for
-//     it: the janitor locks row by row with NOWAIT instead.
+//     it (seen in TestCleanupBatches, not reduced to a smaller case; a
+//     transaction of the mariadb client's updating a row was skipped):
+//     the janitor locks row by row with NOWAIT instead, which sees it.
 //   - Server time vs client time: see The table.
 //   - max_allowed_packet bounds a statement, and so a stored response. A
 //     statement over it makes the server answer 1153 and close the
