@@ -14,15 +14,19 @@ replace github.com/idemkit/idem/storage/rueidisstore => ../../storage/rueidissto
 
 replace github.com/idemkit/idem/storage/pgstore => ../../storage/pgstore
 
+replace github.com/idemkit/idem/storage/sqlstore => ../../storage/sqlstore
+
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gin-gonic/gin v1.12.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/echoidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/ginidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/rueidisstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/storage/sqlstore v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -30,6 +34,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/bytedance/gopkg v0.1.3 // indirect
 	github.com/bytedance/sonic v1.15.0 // indirect
 	github.com/bytedance/sonic/loader v0.5.0 // indirect

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/internal/leakcheck"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/tests/conformance"
@@ -25,7 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	leakcheck.Main(pgtest.Wrap(redistest.Wrap(m))) // stops the servers the conformance suite started
+	leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))) // stops the servers the conformance suite started
 }
 
 // newEcho returns an Echo that logs nothing.

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/leakcheck"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/tests/conformance"
@@ -25,8 +26,8 @@ import (
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	gin.DefaultErrorWriter = io.Discard            // gin.Recovery's panic reports
-	leakcheck.Main(pgtest.Wrap(redistest.Wrap(m))) // stops the servers the conformance suite started
+	gin.DefaultErrorWriter = io.Discard                            // gin.Recovery's panic reports
+	leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))) // stops the servers the conformance suite started
 }
 
 func TestConformance(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/leakcheck"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 )
@@ -11,4 +12,4 @@ import (
 // TestMain stops the redis-servers and the PostgreSQL server the
 // conformance suite started (and removes their data) and fails the run if a
 // goroutine leaked (a lease heartbeat, a store's janitor).
-func TestMain(m *testing.M) { leakcheck.Main(pgtest.Wrap(redistest.Wrap(m))) }
+func TestMain(m *testing.M) { leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))) }
