@@ -309,7 +309,8 @@ func TestRmInFlight(t *testing.T) {
 }
 
 // TestRmLocked: while a transaction that fenced the entry is open, rm
-// removes nothing, says why, and exits 1; on PostgreSQL and on MySQL.
+// (of the entry, or of the entries in flight) removes nothing, says why,
+// and exits 1; on PostgreSQL and on MySQL.
 func TestRmLocked(t *testing.T) {
 	t.Run("postgres", func(t *testing.T) {
 		pool, store, flags := openPG(t)
@@ -377,9 +378,15 @@ func rmLocked(t *testing.T, store interface {
 	}
 	key := idem.StorageKey("", "POST", "/orders", "order-1")
 	_, errOut := mustRun(t, exitFailed, "", append(flags, "rm", "-yes", key)...)
-	close(hold)
 	if !strings.Contains(errOut, "locked by a transaction") {
 		t.Errorf("rm of a fenced entry: %q", errOut)
+	}
+	// Of many: the fenced entry is listed as it was before the fence (in
+	// flight), and kept.
+	out, errOut := mustRun(t, exitFailed, "", append(flags, "rm", "-yes", "-in-flight", "-older-than", "0s")...)
+	close(hold)
+	if !strings.Contains(out, "locked") || !strings.Contains(out, key) || !strings.Contains(errOut, "1 entries locked by a transaction under way") {
+		t.Errorf("rm -in-flight of a fenced entry: stdout %q, stderr %q", out, errOut)
 	}
 	if status := <-done; status != http.StatusCreated {
 		t.Errorf("the fenced request: %d", status)
