@@ -16,11 +16,14 @@ replace github.com/idemkit/idem/storage/redisstore => ../storage/redisstore
 
 replace github.com/idemkit/idem/storage/pgstore => ../storage/pgstore
 
+replace github.com/idemkit/idem/storage/sqlstore => ../storage/sqlstore
+
 replace github.com/idemkit/idem/internal/tests => ../internal/tests
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gin-gonic/gin v1.12.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/echoidem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/ginidem v0.0.0-00010101000000-000000000000
@@ -29,6 +32,7 @@ require (
 	github.com/idemkit/idem/internal/tests v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/storage/sqlstore v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/prometheus/client_golang v1.25.0
@@ -40,6 +44,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/bytedance/gopkg v0.1.3 // indirect
 	github.com/bytedance/sonic v1.15.0 // indirect

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/idemadmin"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 )
 
 // keyFlags are the flags that name an entry by the key its client sent,
@@ -534,7 +535,7 @@ func (c *cli) rmMany(ctx context.Context, q storage.Query, yes, dryRun bool) err
 		case errors.Is(err, storage.ErrNotFound):
 			r.Gone = append(r.Gone, e.Key)
 			c.textf("gone     %s\n", printable(e.Key))
-		case errors.Is(err, pgstore.ErrLocked):
+		case errors.Is(err, pgstore.ErrLocked), errors.Is(err, sqlstore.ErrLocked):
 			r.Locked = append(r.Locked, e.Key)
 			c.textf("locked   %s: not removed: a transaction under way holds it\n", printable(e.Key))
 		default:

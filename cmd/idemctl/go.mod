@@ -8,15 +8,20 @@ replace github.com/idemkit/idem/storage/redisstore => ../../storage/redisstore
 
 replace github.com/idemkit/idem/storage/pgstore => ../../storage/pgstore
 
+replace github.com/idemkit/idem/storage/sqlstore => ../../storage/sqlstore
+
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/storage/sqlstore v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -17,12 +18,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -120,7 +123,8 @@ func rows(t *testing.T, out string) (table [][]string, last string) {
 type backend struct {
 	name string
 	// open returns a store of the test's own (a Redis prefix, a
-	// PostgreSQL table) and idemctl's global flags for it.
+	// PostgreSQL table, a MySQL database) and idemctl's global flags for
+	// it.
 	open func(t *testing.T) (storage.Inspector, []string)
 }
 
@@ -128,6 +132,10 @@ var backends = []backend{
 	{"redis", openRedis},
 	{"postgres", func(t *testing.T) (storage.Inspector, []string) {
 		_, store, flags := openPG(t)
+		return store, flags
+	}},
+	{"mysql", func(t *testing.T) (storage.Inspector, []string) {
+		_, store, flags := openMySQL(t)
 		return store, flags
 	}},
 }
@@ -180,6 +188,42 @@ func openPG(t *testing.T) (*pgxpool.Pool, *pgstore.Store, []string) {
 		t.Fatal(err)
 	}
 	return pool, store, []string{"-pg", dsn, "-table", table}
+}
+
+// openMySQL returns a pool on a database of the test's own on the shared
+// MariaDB (dropped when the test ends), and a store on a table of the
+// test's own there.
+func openMySQL(t *testing.T) (*sql.DB, *sqlstore.Store, []string) {
+	dsn := mysqltest.DSN(t)
+	admin, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	name := mysqltest.Database(t, func(q string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := admin.ExecContext(ctx, q)
+		return err
+	})
+	dsn = mysqltest.WithDatabase(dsn, name)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	b := make([]byte, 8)
+	rand.Read(b)
+	table := "idemctl_test_" + hex.EncodeToString(b)
+	store, err := sqlstore.New(db, sqlstore.MySQL, sqlstore.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if err := store.CreateTable(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return db, store, []string{"-mysql", dsn, "-table", table}
 }
 
 // The client of the shop's orders, and the route.

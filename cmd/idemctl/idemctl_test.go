@@ -144,14 +144,14 @@ func TestLs(t *testing.T) {
 		oldest := l.Entries
 
 		// Two entries, and the cursor that goes on after them. PostgreSQL
-		// lists the oldest first; Redis in SCAN order.
+		// and MySQL list the oldest first; Redis in SCAN order.
 		out, _ = mustRun(t, 0, "", append(flags, "ls", "-done", "-limit", "2")...)
 		table, last = rows(t, out)
 		if len(table) != 2 || !strings.Contains(last, "ls -done -limit 2 -cursor ") {
 			t.Errorf("ls -done -limit 2: want two of %q, and a line that says how to go on:\n%s", done, out)
 		}
-		if t.Name() == "TestLs/postgres" && (len(table) != 2 || table[0][0] != oldest[0].Key || table[1][0] != oldest[1].Key) {
-			t.Errorf("ls -done -limit 2 on PostgreSQL: want the two oldest of %q:\n%s", done, out)
+		if (t.Name() == "TestLs/postgres" || t.Name() == "TestLs/mysql") && (len(table) != 2 || table[0][0] != oldest[0].Key || table[1][0] != oldest[1].Key) {
+			t.Errorf("ls -done -limit 2 on %s: want the two oldest of %q:\n%s", t.Name(), done, out)
 		}
 		out, _ = mustRun(t, 0, "", append(flags, "-json", "ls", "-done", "-limit", "2")...)
 		decode(t, out, &l)
@@ -309,28 +309,60 @@ func TestRmInFlight(t *testing.T) {
 }
 
 // TestRmLocked: while a transaction that fenced the entry is open, rm
-// removes nothing, says why, and exits 1.
+// (of the entry, or of the entries in flight) removes nothing, says why,
+// and exits 1; on PostgreSQL and on MySQL.
 func TestRmLocked(t *testing.T) {
-	pool, store, flags := openPG(t)
+	t.Run("postgres", func(t *testing.T) {
+		pool, store, flags := openPG(t)
+		rmLocked(t, store, flags, func(ctx context.Context) (func(), error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if err := store.Fence(ctx, tx); err != nil {
+				tx.Rollback(ctx)
+				return nil, err
+			}
+			return func() { tx.Commit(ctx) }, nil
+		})
+	})
+	t.Run("mysql", func(t *testing.T) {
+		db, store, flags := openMySQL(t)
+		rmLocked(t, store, flags, func(ctx context.Context) (func(), error) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			if err := store.Fence(ctx, tx); err != nil {
+				tx.Rollback()
+				return nil, err
+			}
+			return func() { tx.Commit() }, nil
+		})
+	})
+}
+
+// rmLocked runs TestRmLocked on store: fence begins a transaction on the
+// store's database, fences the request's entry in it, and returns what
+// commits it.
+func rmLocked(t *testing.T, store interface {
+	storage.Store
+	storage.Inspector
+}, flags []string, fence func(ctx context.Context) (commit func(), err error)) {
 	m, err := idem.New(store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	held, hold := make(chan error, 1), make(chan struct{})
 	app := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := pool.Begin(r.Context())
-		if err == nil {
-			if err = store.Fence(r.Context(), tx); err != nil {
-				tx.Rollback(r.Context())
-			}
-		}
+		commit, err := fence(r.Context())
 		held <- err
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
 		<-hold
-		tx.Commit(r.Context())
+		commit()
 		w.WriteHeader(http.StatusCreated)
 	}))
 	done := make(chan int, 1)
@@ -346,9 +378,15 @@ func TestRmLocked(t *testing.T) {
 	}
 	key := idem.StorageKey("", "POST", "/orders", "order-1")
 	_, errOut := mustRun(t, exitFailed, "", append(flags, "rm", "-yes", key)...)
-	close(hold)
 	if !strings.Contains(errOut, "locked by a transaction") {
 		t.Errorf("rm of a fenced entry: %q", errOut)
+	}
+	// Of many: the fenced entry is listed as it was before the fence (in
+	// flight), and kept.
+	out, errOut := mustRun(t, exitFailed, "", append(flags, "rm", "-yes", "-in-flight", "-older-than", "0s")...)
+	close(hold)
+	if !strings.Contains(out, "locked") || !strings.Contains(out, key) || !strings.Contains(errOut, "1 entries locked by a transaction under way") {
+		t.Errorf("rm -in-flight of a fenced entry: stdout %q, stderr %q", out, errOut)
 	}
 	if status := <-done; status != http.StatusCreated {
 		t.Errorf("the fenced request: %d", status)
@@ -449,7 +487,9 @@ func TestUsage(t *testing.T) {
 	t.Setenv(envRedisAddr, "")
 	t.Setenv(envRedisCluster, "")
 	t.Setenv(envPGDSN, "")
+	t.Setenv(envMySQLDSN, "")
 	const pg = "postgres://u:s3cr3tpw@localhost/db"
+	const my = "u:s3cr3tpw@tcp(localhost:3306)/db"
 	for _, c := range []struct {
 		args []string
 		want string
@@ -472,11 +512,17 @@ func TestUsage(t *testing.T) {
 		{[]string{"-redis", "localhost:6379", "ls", "-older-than", "-1s"}, "-older-than"},
 		{[]string{"-redis", "localhost:6379", "ls", "KEY"}, "no arguments"},
 		{[]string{"-redis", "localhost:6379", "stats", "KEY"}, "no arguments"},
-		{[]string{"-redis", "localhost:6379", "-table", "t", "stats"}, "-table is for a PostgreSQL store"},
+		{[]string{"-redis", "localhost:6379", "-table", "t", "stats"}, "-table is for a PostgreSQL or MySQL store"},
 		{[]string{"-pg", pg, "-prefix", "p:", "stats"}, "-prefix is for a Redis store"},
 		{[]string{"-pg", pg, "-table", "Bad-Name", "stats"}, "-table"},
 		{[]string{"-pg", "postgres://u:s3cr3tpw@localhost:port/db", "stats"}, "-pg is not a connection string"},
 		{[]string{"-redis-url", "http://u:s3cr3tpw@localhost", "stats"}, "-redis-url is not a URL"},
+		{[]string{"-redis", "localhost:6379", "-mysql", my, "stats"}, "one store at a time"},
+		{[]string{"-pg", pg, "-mysql", my, "stats"}, "one store at a time"},
+		{[]string{"-mysql", my, "-prefix", "p:", "stats"}, "-prefix is for a Redis store; a MySQL store has a -table"},
+		{[]string{"-mysql", my, "-table", "Bad-Name", "stats"}, "-table"},
+		{[]string{"-mysql", "u:s3cr3tpw@tcp(localhost:3306/db", "stats"}, "-mysql is not a DSN"},
+		{[]string{"-mysql", "u:s3cr3tpw@tcp(localhost:3306)/", "stats"}, "-mysql names no database"},
 	} {
 		out, errOut := mustRun(t, exitUsage, "", c.args...)
 		if out != "" || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "idemctl -h") || strings.Contains(errOut, "s3cr3tpw") {
@@ -498,12 +544,18 @@ func TestEnvironment(t *testing.T) {
 	t.Setenv(envRedisCluster, "")
 	t.Setenv(envRedisAddr, addr)
 	t.Setenv(envPGDSN, "")
+	t.Setenv(envMySQLDSN, "")
 	if out, _ := mustRun(t, 0, "", "-prefix", prefix, "stats"); field(out, "done") != "0" {
 		t.Errorf("stats on %s=%s:\n%s", envRedisAddr, addr, out)
 	}
 	t.Setenv(envPGDSN, "postgres://u:s3cr3tpw@localhost/db")
 	if _, errOut := mustRun(t, exitUsage, "", "stats"); !strings.Contains(errOut, "set in the environment") || strings.Contains(errOut, "s3cr3tpw") {
 		t.Errorf("two stores in the environment: %q", errOut)
+	}
+	t.Setenv(envPGDSN, "")
+	t.Setenv(envMySQLDSN, "u:s3cr3tpw@tcp(localhost:3306)/db")
+	if _, errOut := mustRun(t, exitUsage, "", "stats"); !strings.Contains(errOut, "-mysql ("+envMySQLDSN+")") || strings.Contains(errOut, "s3cr3tpw") {
+		t.Errorf("Redis and MySQL in the environment: %q", errOut)
 	}
 	mustRun(t, 0, "", "-redis", addr, "-prefix", prefix, "stats")
 }
@@ -517,6 +569,7 @@ func TestUnreachable(t *testing.T) {
 		{"-redis-url", "redis://:s3cr3tpw@" + addr + "/0"},
 		{"-redis-cluster", addr},
 		{"-pg", "postgres://u:s3cr3tpw@" + addr + "/db?sslmode=disable"},
+		{"-mysql", "u:s3cr3tpw@tcp(" + addr + ")/db"},
 	} {
 		for _, cmd := range [][]string{{"stats"}, {"ls"}, {"inspect", "KEY"}, {"rm", "-yes", "KEY"}} {
 			args := append(slices.Clone(flags), cmd...)

@@ -1,8 +1,9 @@
 // Command idemctl shows an operator what an idem store holds, and removes
 // an entry by hand: "why does this retry get 409?", "which executions are
 // stuck, and since when?", "forget this key, the order was refunded by
-// hand". It works on the stores a service shares, Redis (redisstore) and
-// PostgreSQL (pgstore), through their storage.Inspector, and prints what
+// hand". It works on the stores a service shares, Redis (redisstore),
+// PostgreSQL (pgstore) and MySQL or MariaDB (sqlstore), through their
+// storage.Inspector, and prints what
 // package idemadmin shows: its JSON with -json.
 //
 //	idemctl [global flags] inspect [-body] [key flags] KEY
@@ -23,7 +24,9 @@
 // TLS with rediss://), or -redis-cluster host:port,... for a Redis
 // Cluster ($IDEM_REDIS_CLUSTER), with -prefix, the store's key prefix
 // (redisstore.WithPrefix; default "idem:"); or -pg DSN ($IDEM_PG_DSN),
-// with -table, the store's table (pgstore.WithTable; default
+// or -mysql DSN ($IDEM_MYSQL_DSN; go-sql-driver/mysql's, naming the
+// database: user:password@tcp(host:3306)/dbname), with -table, the
+// store's table (pgstore.WithTable, sqlstore.WithTable; default
 // "idem_keys"). The environment is read only when no store flag is given.
 // idemctl never prints a DSN, a URL or a password. -json prints JSON
 // instead of text; -timeout (default 30s) bounds the command, except for
@@ -71,7 +74,7 @@
 // prints at most -limit entries (default 100), oldest first, and when the
 // listing goes on, a last line with the command that prints the next
 // ones, -cursor C (in JSON: "more": true and "next": C; a page may then
-// hold no entry while more follow). PostgreSQL lists the entries of one
+// hold no entry while more follow). PostgreSQL and MySQL list the entries of one
 // state oldest first, so a page holds the oldest; Redis lists in SCAN
 // order, so on Redis a page holds the first entries found. -all prints
 // every entry, a page of the store at a time as it reads it, each page
@@ -91,7 +94,7 @@
 // handler may still be running: the next request with its key runs the
 // handler again even while the first still runs (whose response is then
 // not stored); of a committed one, that the work ran, and a retry runs it
-// again. While a transaction that fenced the entry (pgstore's Store.Fence)
+// again. While a transaction that fenced the entry (pgstore's or sqlstore's Store.Fence)
 // is open, nothing is removed: try again.
 //
 // rm -in-flight -older-than D (or -done, or -committed; both flags are
@@ -128,6 +131,7 @@ import (
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 )
 
 // help is what idemctl -h prints.
@@ -152,7 +156,8 @@ Global flags, before the command. Exactly one store:
                              a Redis Cluster, by some of its nodes ($IDEM_REDIS_CLUSTER)
   -prefix P                  the Redis store's key prefix (default "` + redisstore.DefaultPrefix + `")
   -pg DSN                    PostgreSQL ($IDEM_PG_DSN)
-  -table T                   the PostgreSQL store's table (default "` + pgstore.DefaultTable + `")
+  -mysql DSN                 MySQL or MariaDB ($IDEM_MYSQL_DSN): user:password@tcp(host:3306)/dbname
+  -table T                   the PostgreSQL or MySQL store's table (default "` + pgstore.DefaultTable + `")
 
   The environment is read only when no store flag is given.
 
@@ -227,6 +232,7 @@ const (
 	envRedisAddr    = "IDEM_REDIS_ADDR"
 	envRedisCluster = "IDEM_REDIS_CLUSTER"
 	envPGDSN        = "IDEM_PG_DSN"
+	envMySQLDSN     = "IDEM_MYSQL_DSN"
 )
 
 // envScope stands in for -scope when it is not given: a scope that is a
@@ -300,7 +306,7 @@ type cli struct {
 // globals are the global flags.
 type globals struct {
 	redis, redisURL, redisCluster, prefix string
-	pg, table                             string
+	pg, mysql, table                      string
 	json                                  bool
 	timeout                               time.Duration
 }
@@ -326,6 +332,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	fs.StringVar(&g.redisCluster, "redis-cluster", "", "")
 	fs.StringVar(&g.prefix, "prefix", redisstore.DefaultPrefix, "")
 	fs.StringVar(&g.pg, "pg", "", "")
+	fs.StringVar(&g.mysql, "mysql", "", "")
 	fs.StringVar(&g.table, "table", pgstore.DefaultTable, "")
 	fs.BoolVar(&g.json, "json", false, "")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "")
@@ -359,8 +366,8 @@ func (c *cli) run(ctx context.Context, args []string) error {
 // the environment; set holds the names of the global flags given.
 func (g *globals) chooseStore(set map[string]bool) error {
 	given := "given"
-	if !set["redis"] && !set["redis-url"] && !set["redis-cluster"] && !set["pg"] {
-		g.redis, g.redisCluster, g.pg = os.Getenv(envRedisAddr), os.Getenv(envRedisCluster), os.Getenv(envPGDSN)
+	if !set["redis"] && !set["redis-url"] && !set["redis-cluster"] && !set["pg"] && !set["mysql"] {
+		g.redis, g.redisCluster, g.pg, g.mysql = os.Getenv(envRedisAddr), os.Getenv(envRedisCluster), os.Getenv(envPGDSN), os.Getenv(envMySQLDSN)
 		given = "set in the environment"
 	}
 	var named []string
@@ -369,6 +376,7 @@ func (g *globals) chooseStore(set map[string]bool) error {
 		{"-redis-url", g.redisURL},
 		{"-redis-cluster (" + envRedisCluster + ")", g.redisCluster},
 		{"-pg (" + envPGDSN + ")", g.pg},
+		{"-mysql (" + envMySQLDSN + ")", g.mysql},
 	} {
 		if s.value != "" {
 			named = append(named, s.name)
@@ -376,14 +384,16 @@ func (g *globals) chooseStore(set map[string]bool) error {
 	}
 	switch {
 	case len(named) == 0:
-		return usageError("no store: give -redis, -redis-url, -redis-cluster or -pg, or set %s, %s or %s",
-			envRedisAddr, envRedisCluster, envPGDSN)
+		return usageError("no store: give -redis, -redis-url, -redis-cluster, -pg or -mysql, or set %s, %s, %s or %s",
+			envRedisAddr, envRedisCluster, envPGDSN, envMySQLDSN)
 	case len(named) > 1:
 		return usageError("one store at a time; %s: %s", given, strings.Join(named, ", "))
 	case g.pg != "" && set["prefix"]:
 		return usageError("-prefix is for a Redis store; a PostgreSQL store has a -table")
-	case g.pg == "" && set["table"]:
-		return usageError("-table is for a PostgreSQL store; a Redis store has a -prefix")
+	case g.mysql != "" && set["prefix"]:
+		return usageError("-prefix is for a Redis store; a MySQL store has a -table")
+	case g.pg == "" && g.mysql == "" && set["table"]:
+		return usageError("-table is for a PostgreSQL or MySQL store; a Redis store has a -prefix")
 	}
 	return nil
 }
@@ -419,7 +429,7 @@ func (c *cli) storeError(err error) error {
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return &failure{exitNotFound, "no such entry (never created, expired, or removed)"}
-	case errors.Is(err, pgstore.ErrLocked):
+	case errors.Is(err, pgstore.ErrLocked), errors.Is(err, sqlstore.ErrLocked):
 		return &failure{exitFailed, "the entry is locked by a transaction under way (a handler's Fence): nothing was removed; try again"}
 	case errors.Is(err, context.DeadlineExceeded):
 		return &failure{exitFailed, fmt.Sprintf("%v (the -timeout of %v ran out)", err, c.timeout)}

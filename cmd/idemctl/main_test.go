@@ -4,10 +4,11 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/leakcheck"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 )
 
-// Main stops the shared redis-server, Redis Cluster and PostgreSQL, and
-// checks for leaked goroutines.
-func TestMain(m *testing.M) { leakcheck.Main(redistest.Wrap(pgtest.Wrap(m))) }
+// Main stops the shared redis-server, Redis Cluster, PostgreSQL and
+// MariaDB, and checks for leaked goroutines.
+func TestMain(m *testing.M) { leakcheck.Main(redistest.Wrap(pgtest.Wrap(mysqltest.Wrap(m)))) }

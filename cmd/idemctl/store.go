@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -18,7 +22,13 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-func init() { redis.SetLogger(quiet{}) }
+// Print drops go-sql-driver/mysql's own log lines likewise.
+func (quiet) Print(...any) {}
+
+func init() {
+	redis.SetLogger(quiet{})
+	mysql.SetLogger(quiet{})
+}
 
 // open opens the store that the global flags name as c.store, and returns
 // what closes it. It sends nothing to the store.
@@ -26,8 +36,11 @@ func (c *cli) open() (closeStore func(), err error) {
 	if err := c.chooseStore(c.given); err != nil {
 		return nil, err
 	}
-	if c.pg != "" {
+	switch {
+	case c.pg != "":
 		return c.openPG()
+	case c.mysql != "":
+		return c.openMySQL()
 	}
 	var rdb redis.UniversalClient
 	switch {
@@ -124,5 +137,40 @@ func (c *cli) openPG() (closeStore func(), err error) {
 	return func() {
 		store.Close()
 		pool.Close()
+	}, nil
+}
+
+// openMySQL opens the MySQL (or MariaDB) store.
+func (c *cli) openMySQL() (closeStore func(), err error) {
+	c.secrets = append(c.secrets, c.mysql)
+	cfg, err := mysql.ParseDSN(c.mysql)
+	if err != nil {
+		return nil, usageError("-mysql is not a DSN that go-sql-driver/mysql accepts (user:password@tcp(host:3306)/dbname)")
+	}
+	c.secrets = append(c.secrets, cfg.Passwd)
+	if cfg.DBName == "" {
+		return nil, usageError("-mysql names no database: user:password@tcp(host:3306)/dbname")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second // the dial's; -timeout bounds the whole
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(2)
+	store, err := sqlstore.New(db, sqlstore.MySQL, sqlstore.WithTable(c.table))
+	if err != nil {
+		db.Close()
+		if errors.Is(err, sqlstore.ErrTableName) {
+			return nil, usageError("-table: %v", err)
+		}
+		return nil, err
+	}
+	c.store = store
+	return func() {
+		store.Close()
+		db.Close()
 	}, nil
 }
