@@ -1,9 +1,10 @@
 // Package bench measures what the idem middleware costs: benchmarks of
 // every adapter (nethttp, ginidem, echoidem) on every store (memory, and a
-// real redis-server and PostgreSQL server when there are: see
-// internal/redistest and internal/pgtest) against the same handler without
+// real redis-server, PostgreSQL server and MariaDB when there are: see
+// internal/redistest, internal/pgtest and internal/mysqltest; sqlstore
+// runs on MariaDB through database/sql) against the same handler without
 // the middleware, the cost of pgstore's Fence in a handler's own
-// transaction, the memory store and the middleware on it under
+// transaction (TestFence holds sqlstore's as well), the memory store and the middleware on it under
 // b.RunParallel (BenchmarkParallel, for -cpu 1,2,4,8,16 and a mutex
 // profile), and tests that hold the deterministic budgets (store round
 // trips, allocations, bytes per stored record).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/ginidem"
 	"github.com/idemkit/idem/internal/leakcheck"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/internal/tests/pgxtest"
@@ -26,18 +28,19 @@ import (
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 )
 
-// TestMain stops the shared redis-server and PostgreSQL server (and
-// removes their data) and fails the run if a goroutine leaked (a lease
+// TestMain stops the shared redis-server, PostgreSQL server and MariaDB
+// (and removes their data) and fails the run if a goroutine leaked (a lease
 // heartbeat, a store's janitor, a pool's health check).
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.ReleaseMode)
-	leakcheck.Main(pgtest.Wrap(redistest.Wrap(m)))
+	leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m))))
 }
 
 // The response every handler writes: 201, three headers and a 200-byte
@@ -185,6 +188,11 @@ type store struct {
 	pool      *pgxpool.Pool  // its pool
 	pgCounter *pgxtest.Counter
 	table     string // its table, as SQL
+
+	sql        *sqlstore.Store // sqlstore on MariaDB, else nil
+	db         *sql.DB         // its pool
+	sqlCounter *sqlCounter
+	sqlTable   string // its table, as SQL
 }
 
 // resetCount sets the count of round trips to the store's server to zero.
@@ -194,6 +202,8 @@ func (s store) resetCount() {
 		s.counter.Reset()
 	case s.pgCounter != nil:
 		s.pgCounter.Reset()
+	case s.sqlCounter != nil:
+		s.sqlCounter.Reset()
 	}
 }
 
@@ -205,11 +215,25 @@ func (s store) roundTrips() int64 {
 		return s.counter.Count()
 	case s.pgCounter != nil:
 		return s.pgCounter.RoundTrips()
+	case s.sqlCounter != nil:
+		return s.sqlCounter.RoundTrips()
 	}
 	return 0
 }
 
-// trim deletes what the Redis or PostgreSQL store holds; it does nothing
+// statements returns the statements sent to a SQL store's server since
+// the last resetCount, and false for the other stores.
+func (s store) statements() (int64, bool) {
+	switch {
+	case s.pgCounter != nil:
+		return s.pgCounter.Statements(), true
+	case s.sqlCounter != nil:
+		return s.sqlCounter.Statements(), true
+	}
+	return 0, false
+}
+
+// trim deletes what the Redis, PostgreSQL or MySQL store holds; it does nothing
 // for the memory store, which bounds itself.
 func (s store) trim(tb testing.TB) {
 	ctx := context.Background()
@@ -235,6 +259,12 @@ func (s store) trim(tb testing.TB) {
 		if _, err := s.pool.Exec(ctx, "TRUNCATE "+s.table); err != nil {
 			tb.Fatal(err)
 		}
+	case s.db != nil:
+		// TRUNCATE, as on PostgreSQL: a DELETE would leave InnoDB's purge
+		// thread the records to free during a measurement.
+		if _, err := s.db.ExecContext(ctx, "TRUNCATE TABLE "+s.sqlTable); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
 
@@ -248,7 +278,7 @@ type storeKind struct {
 // largeKept is how many 1 MiB records a store keeps at most during the
 // large case: the memory store is bounded to that many entries (it evicts
 // the oldest record as a full store does), and the keys of a Redis store
-// or the rows of a PostgreSQL store are deleted each time that many were
+// or the rows of a PostgreSQL or MySQL store are deleted each time that many were
 // written, outside the measurement.
 const largeKept = 64
 
@@ -301,6 +331,11 @@ var storeKinds = []storeKind{
 		}
 		return store{Store: s, pg: s, pool: pool, pgCounter: c, table: pgx.Identifier{table}.Sanitize()}
 	}},
+	// sqlstore on MariaDB through database/sql and go-sql-driver/mysql: a
+	// database of the setup's own on the test binary's server (see
+	// internal/mysqltest: skipped without MariaDB, unless
+	// IDEM_REQUIRE_MYSQL=1), with database/sql's pool defaults.
+	{"mysql", func(tb testing.TB, large bool) store { return openMySQL(tb) }},
 }
 
 // storeKindNamed returns the store kind of that name.
