@@ -146,7 +146,7 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 			o(&c)
 		}
 	}
-	bare, err := parseTable(c.table)
+	bare, err := parseTable(dialect, c.table)
 	if err != nil {
 		return nil, err
 	}
@@ -184,12 +184,16 @@ func (s *Store) Table() string { return s.table }
 //go:embed schema_mysql.sql
 var mysqlSchema string
 
+//go:embed schema_postgres.sql
+var postgresSchema string
+
 var tableName = regexp.MustCompile(`^(?:([a-z_][a-z0-9_]{0,63})\.)?([a-z_][a-z0-9_]{0,50})$`)
 
-// parseTable checks a name given to WithTable and returns its last part.
-func parseTable(name string) (string, error) {
+// parseTable checks a name given to WithTable for dialect and returns
+// its last part.
+func parseTable(dialect Dialect, name string) (string, error) {
 	m := tableName.FindStringSubmatch(name)
-	if m == nil {
+	if m == nil || len(m[1]) > dialect.maxIdent() {
 		return "", fmt.Errorf("%w %q: want lower-case letters, digits and underscores, not starting with a digit, "+
 			"at most 51 bytes, optionally after a database name and a dot", ErrTableName, name)
 	}
@@ -208,7 +212,7 @@ func Schema(dialect Dialect, name string) (string, error) {
 	if name == "" {
 		name = DefaultTable
 	}
-	bare, err := parseTable(name)
+	bare, err := parseTable(dialect, name)
 	if err != nil {
 		return "", err
 	}
@@ -220,7 +224,7 @@ func Schema(dialect Dialect, name string) (string, error) {
 // starting together do not trip over each other). The database user
 // needs CREATE on the database.
 func (s *Store) CreateTable(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, s.dialect.schema(s.quoted, s.bare)); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.dialect.create(s.dialect.schema(s.quoted, s.bare), s.quoted)); err != nil {
 		return fmt.Errorf("sqlstore: creating table %s: %w", s.table, err)
 	}
 	return nil
@@ -572,7 +576,10 @@ func (s *Store) maxPacket(ctx context.Context) (int64, error) {
 	if p > 0 {
 		return p, nil
 	}
-	if err := s.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&p); err != nil {
+	if s.sql.maxPacket == "" {
+		return maxField, nil
+	}
+	if err := s.db.QueryRowContext(ctx, s.sql.maxPacket).Scan(&p); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
