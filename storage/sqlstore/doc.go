@@ -9,7 +9,7 @@
 // retry never runs the work again. The package imports only database/sql
 // and the kit's core; bring your driver (github.com/go-sql-driver/mysql is
 // the one tested on MySQL; on PostgreSQL, github.com/jackc/pgx/v5/stdlib
-// and github.com/lib/pq, see [PostgreSQL]).
+// and github.com/lib/pq are, see [PostgreSQL]).
 //
 //	db, _ := sql.Open("mysql", "app:secret@tcp(db:3306)/app")
 //	store, err := sqlstore.New(db, sqlstore.MySQL)
@@ -73,9 +73,9 @@
 //   - taking an expired row, or a resend by the owner: 3 (read, probe,
 //     UPDATE); an issued one: 2 (read, UPDATE)
 //
-// The counts are the same on PostgreSQL (TestRoundTrips runs on both, the
-// PostgreSQL one through pgx's database/sql driver, which prepares and
-// runs each statement in one round trip). pgstore does a first execution
+// The counts are the same on PostgreSQL (TestRoundTrips runs on MySQL and
+// on PostgreSQL through pgx's database/sql driver and lib/pq, which
+// prepare a statement in one round trip and run it in one). pgstore does a first execution
 // in 2 round trips and a Fence in 1; this store needs 4 and 1.
 //
 // # Row locks
@@ -230,6 +230,8 @@
 // Drivers: the dialect finds the SQLSTATE of an error through
 // errors.As to interface{ SQLState() string }, which
 // github.com/jackc/pgx/v5/stdlib's *pgconn.PgError and
-// github.com/lib/pq's *pq.Error both have; pgx's is the one the tests run
-// on.
+// github.com/lib/pq's *pq.Error both have. The tests run every shared
+// test (the contract, Fence, round trips, binary keys, cleanup, churn)
+// and the PostgreSQL ones through both drivers (pgx v5.12, lib/pq
+// v1.12), with the same round trips on each.
 package sqlstore

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
 )
 
 // counter counts the writes of a pool's connections: both drivers write
@@ -50,9 +51,9 @@ func (c *counter) dial(ctx context.Context, network, addr string) (net.Conn, err
 	return &countingConn{Conn: conn, writes: &c.writes}, nil
 }
 
-// backend is a database family the shared tests run on: MySQL (MariaDB,
-// through github.com/go-sql-driver/mysql) and PostgreSQL (through pgx's
-// database/sql driver).
+// backend is a database family and driver the shared tests run on: MySQL
+// (MariaDB, through github.com/go-sql-driver/mysql) and PostgreSQL
+// (through pgx's database/sql driver, and through github.com/lib/pq).
 type backend struct {
 	name    string
 	dialect sqlstore.Dialect
@@ -64,6 +65,9 @@ type backend struct {
 	now string
 	// ordersDDL and orderInsert make and fill an orders table.
 	ordersDDL, orderInsert string
+	// pool opens a pool on a PostgreSQL dsn whose search_path is schema
+	// (unless ""): the driver's.
+	pool func(t testing.TB, dsn, schema string, c *counter, params map[string]string) *sql.DB
 	// lockWait checks that a statement waiting on a row lock would wait
 	// long (the server's default), so that "at once" means it.
 	lockWait func(t testing.TB, db *sql.DB)
@@ -85,8 +89,17 @@ var backends = []*backend{
 			}
 		},
 	},
-	{
-		name: "postgres", dialect: sqlstore.PostgreSQL, open: openPostgres,
+	postgresBackend("postgres", pgOn),
+	postgresBackend("postgres-libpq", pqOn),
+}
+
+// The backends, for the tests of one (pgB: PostgreSQL through pgx).
+var mysqlB, pgB = backends[0], backends[1]
+
+// postgresBackend is PostgreSQL through the driver whose pools pool opens.
+func postgresBackend(name string, pool func(t testing.TB, dsn, schema string, c *counter, params map[string]string) *sql.DB) *backend {
+	b := &backend{
+		name: name, dialect: sqlstore.PostgreSQL, pool: pool,
 		now:       "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
 		ordersDDL: "CREATE TABLE orders (id bigserial PRIMARY KEY)", orderInsert: "INSERT INTO orders DEFAULT VALUES",
 		lockWait: func(t testing.TB, db *sql.DB) {
@@ -99,11 +112,10 @@ var backends = []*backend{
 				t.Fatalf("lock_timeout %s, statement_timeout %s; want 0 (wait for ever, the default)", lt, st)
 			}
 		},
-	},
+	}
+	b.open = func(t testing.TB, c *counter, params map[string]string) *sql.DB { return openPostgres(t, b, c, params) }
+	return b
 }
-
-// The backends, for the tests of one.
-var mysqlB, pgB = backends[0], backends[1]
 
 // forEach runs f as a subtest per backend.
 func forEach(t *testing.T, f func(t *testing.T, b *backend)) {
@@ -174,13 +186,13 @@ func mysqlOn(t testing.TB, name string, c *counter, params map[string]string) *s
 	return db
 }
 
-func openPostgres(t testing.TB, c *counter, params map[string]string) *sql.DB {
+func openPostgres(t testing.TB, b *backend, c *counter, params map[string]string) *sql.DB {
 	t.Helper()
 	dsn := pgtest.DSN(t)
 	admin := pgOn(t, dsn, "", nil, nil)
-	b := make([]byte, 8)
-	rand.Read(b)
-	schema := "t_" + hex.EncodeToString(b)
+	r := make([]byte, 8)
+	rand.Read(r)
+	schema := "t_" + hex.EncodeToString(r)
 	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +203,7 @@ func openPostgres(t testing.TB, c *counter, params map[string]string) *sql.DB {
 			t.Errorf("dropping schema %s: %v", schema, err)
 		}
 	})
-	return pgOn(t, dsn, schema, c, params)
+	return b.pool(t, dsn, schema, c, params)
 }
 
 // pgOn opens a pool on dsn whose search_path is schema (unless "").
@@ -215,6 +227,52 @@ func pgOn(t testing.TB, dsn, schema string, c *counter, params map[string]string
 	return db
 }
 
+// pqOn opens a pool of github.com/lib/pq's on dsn whose search_path is
+// schema (unless "").
+func pqOn(t testing.TB, dsn, schema string, c *counter, params map[string]string) *sql.DB {
+	t.Helper()
+	cfg, err := pq.NewConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Runtime == nil {
+		cfg.Runtime = map[string]string{}
+	}
+	if schema != "" {
+		cfg.Runtime["search_path"] = schema
+	}
+	for k, v := range params {
+		cfg.Runtime[k] = v
+	}
+	conn, err := pq.NewConnectorConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != nil {
+		conn.Dialer(pqDialer{c})
+	}
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// pqDialer is a pq.Dialer whose connections count their writes.
+type pqDialer struct{ c *counter }
+
+func (d pqDialer) Dial(network, addr string) (net.Conn, error) {
+	return d.c.dial(context.Background(), network, addr)
+}
+
+func (d pqDialer) DialTimeout(network, addr string, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return d.c.dial(ctx, network, addr)
+}
+
+func (d pqDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return d.c.dial(ctx, network, addr)
+}
+
 // sameDB returns a second *sql.DB on db's database or schema, with the
 // session settings params, closed when the test ends.
 func sameDB(t testing.TB, db *sql.DB, params map[string]string) *sql.DB {
@@ -232,7 +290,7 @@ func sameDB(t testing.TB, db *sql.DB, params map[string]string) *sql.DB {
 		if err := db.QueryRow("SELECT current_schema()").Scan(&schema); err != nil {
 			t.Fatal(err)
 		}
-		db2 = pgOn(t, pgtest.DSN(t), schema, nil, params)
+		db2 = b.pool(t, pgtest.DSN(t), schema, nil, params)
 	}
 	backendOf.Store(db2, b)
 	return db2

@@ -10,7 +10,7 @@ import (
 // in the package documentation). It works with any database/sql driver
 // whose errors carry the server's SQLSTATE behind a method
 // SQLState() string, found with errors.As: github.com/jackc/pgx/v5/stdlib
-// (*pgconn.PgError, the one tested) and github.com/lib/pq (*pq.Error).
+// (*pgconn.PgError) and github.com/lib/pq (*pq.Error), both tested.
 // Keys, owners, fingerprints and records are bytea; times are bigint
 // microseconds by the server's statement_timestamp().
 var PostgreSQL Dialect = postgresDialect{}

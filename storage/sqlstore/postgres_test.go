@@ -23,10 +23,19 @@ type sqlState string
 func (e sqlState) Error() string    { return "pq: " + string(e) }
 func (e sqlState) SQLState() string { return string(e) }
 
+// forPostgres runs f as a subtest per PostgreSQL driver.
+func forPostgres(t *testing.T, f func(t *testing.T, b *backend)) {
+	for _, b := range backends {
+		if b.dialect == sqlstore.PostgreSQL {
+			t.Run(b.name, func(t *testing.T) { f(t, b) })
+		}
+	}
+}
+
 // TestPostgresClassify: the dialect reads the SQLSTATE of any error in
 // the chain with a method SQLState() string: pgx's *pgconn.PgError, or
 // another driver's; and the server's own errors for a duplicate key and
-// a locked row come out so through pgx's database/sql driver.
+// a locked row come out so through pgx's database/sql driver and lib/pq.
 func TestPostgresClassify(t *testing.T) {
 	for code, want := range map[string]string{"23505": "duplicate", "55P03": "locked", "40001": "deadlock", "40P01": "deadlock",
 		"54000": "too large", "42P01": "other"} {
@@ -39,26 +48,28 @@ func TestPostgresClassify(t *testing.T) {
 	if got := sqlstore.Classify(sqlstore.PostgreSQL, errors.New("55P03")); got != "other" {
 		t.Errorf("a plain error: %s", got)
 	}
-	db := pgB.testDB(t)
-	open(t, db)
-	exec(t, db, "INSERT INTO {table} (`key`, state, owner, fingerprint, expires, since) VALUES ('\\x01', 'processing', '', '', 0, 0)")
-	_, err := db.Exec(query(t, db, "INSERT INTO {table} (`key`, state, owner, fingerprint, expires, since) VALUES ('\\x01', 'processing', '', '', 0, 0)"))
-	if got := sqlstore.Classify(sqlstore.PostgreSQL, err); got != "duplicate" {
-		t.Errorf("a duplicate key: %v: %s", err, got)
-	}
-	tx, err := db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	exec(t, db, "SELECT 1") // a second connection, before tx holds the lock
-	if _, err := tx.Exec(query(t, db, "SELECT 1 FROM {table} WHERE `key` = '\\x01' FOR UPDATE")); err != nil {
-		t.Fatal(err)
-	}
-	_, err = db.Exec(query(t, db, "SELECT 1 FROM {table} WHERE `key` = '\\x01' FOR UPDATE NOWAIT"))
-	if got := sqlstore.Classify(sqlstore.PostgreSQL, err); got != "locked" {
-		t.Errorf("NOWAIT on a locked row: %v: %s", err, got)
-	}
+	forPostgres(t, func(t *testing.T, pgB *backend) {
+		db := pgB.testDB(t)
+		open(t, db)
+		exec(t, db, "INSERT INTO {table} (`key`, state, owner, fingerprint, expires, since) VALUES ('\\x01', 'processing', '', '', 0, 0)")
+		_, err := db.Exec(query(t, db, "INSERT INTO {table} (`key`, state, owner, fingerprint, expires, since) VALUES ('\\x01', 'processing', '', '', 0, 0)"))
+		if got := sqlstore.Classify(sqlstore.PostgreSQL, err); got != "duplicate" {
+			t.Errorf("a duplicate key: %v: %s", err, got)
+		}
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		exec(t, db, "SELECT 1") // a second connection, before tx holds the lock
+		if _, err := tx.Exec(query(t, db, "SELECT 1 FROM {table} WHERE `key` = '\\x01' FOR UPDATE")); err != nil {
+			t.Fatal(err)
+		}
+		_, err = db.Exec(query(t, db, "SELECT 1 FROM {table} WHERE `key` = '\\x01' FOR UPDATE NOWAIT"))
+		if got := sqlstore.Classify(sqlstore.PostgreSQL, err); got != "locked" {
+			t.Errorf("NOWAIT on a locked row: %v: %s", err, got)
+		}
+	})
 }
 
 // TestPostgresLongDurations: a lease, TTL or issue over 24.8 days in
@@ -108,26 +119,28 @@ func TestPostgresLongDurations(t *testing.T) {
 // took its snapshot, while the lease ran is refused once the lease has
 // run out.
 func TestPostgresFenceStatementClock(t *testing.T) {
-	db := pgB.testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	if res, err := s.Acquire(ctx, "k", "o1", "fp", 500*time.Millisecond); err != nil || res.State != storage.Acquired {
-		t.Fatal(res, err)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	var live bool
-	if err := tx.QueryRow(query(t, db, "SELECT expires > (extract(epoch FROM now()) * 1000000)::bigint FROM {table} WHERE `key` = 'k'")).Scan(&live); err != nil || !live {
-		t.Fatalf("the lease at the transaction's start: %v, %v", live, err)
-	}
-	waitServerClock(t, db, "k")
-	err = s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "k", Owner: "o1", TTL: time.Hour}), tx)
-	if !errors.Is(err, storage.ErrNotOwner) {
-		t.Fatalf("Fence after the lease, in a transaction begun before: %v, want ErrNotOwner", err)
-	}
+	forPostgres(t, func(t *testing.T, pgB *backend) {
+		db := pgB.testDB(t)
+		s := open(t, db)
+		ctx := context.Background()
+		if res, err := s.Acquire(ctx, "k", "o1", "fp", 500*time.Millisecond); err != nil || res.State != storage.Acquired {
+			t.Fatal(res, err)
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		var live bool
+		if err := tx.QueryRow(query(t, db, "SELECT expires > (extract(epoch FROM now()) * 1000000)::bigint FROM {table} WHERE `key` = 'k'")).Scan(&live); err != nil || !live {
+			t.Fatalf("the lease at the transaction's start: %v, %v", live, err)
+		}
+		waitServerClock(t, db, "k")
+		err = s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "k", Owner: "o1", TTL: time.Hour}), tx)
+		if !errors.Is(err, storage.ErrNotOwner) {
+			t.Fatalf("Fence after the lease, in a transaction begun before: %v, want ErrNotOwner", err)
+		}
+	})
 }
 
 // TestPostgresFenceRepeatableRead: under REPEATABLE READ, a Fence after
@@ -136,44 +149,46 @@ func TestPostgresFenceStatementClock(t *testing.T) {
 // application rolls back and runs the transaction again (or fences
 // first). A Fence as the transaction's first statement succeeds.
 func TestPostgresFenceRepeatableRead(t *testing.T) {
-	db := pgB.testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	if res, err := s.Acquire(ctx, "k", "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatal(res, err)
-	}
-	lease := storage.ContextWithLease(ctx, storage.Lease{Key: "k", Owner: "o1", TTL: time.Hour})
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.Exec("SELECT 1"); err != nil { // the snapshot
-		t.Fatal(err)
-	}
-	if err := s.Extend(ctx, "k", "o1", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	err = s.Fence(lease, tx)
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "40001" || errors.Is(err, storage.ErrNotOwner) {
-		t.Fatalf("Fence after a renewal since the snapshot: %v, want a serialization failure", err)
-	}
-	tx.Rollback()
-	tx, err = db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if err := s.Fence(lease, tx); err != nil {
-		t.Fatalf("Fence first in the transaction: %v", err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if st := state(t, db, "k"); st != "committed" {
-		t.Fatalf("%q, want committed", st)
-	}
+	forPostgres(t, func(t *testing.T, pgB *backend) {
+		db := pgB.testDB(t)
+		s := open(t, db)
+		ctx := context.Background()
+		if res, err := s.Acquire(ctx, "k", "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatal(res, err)
+		}
+		lease := storage.ContextWithLease(ctx, storage.Lease{Key: "k", Owner: "o1", TTL: time.Hour})
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.Exec("SELECT 1"); err != nil { // the snapshot
+			t.Fatal(err)
+		}
+		if err := s.Extend(ctx, "k", "o1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		err = s.Fence(lease, tx)
+		var pe interface{ SQLState() string }
+		if !errors.As(err, &pe) || pe.SQLState() != "40001" || errors.Is(err, storage.ErrNotOwner) {
+			t.Fatalf("Fence after a renewal since the snapshot: %v, want a serialization failure", err)
+		}
+		tx.Rollback()
+		tx, err = db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if err := s.Fence(lease, tx); err != nil {
+			t.Fatalf("Fence first in the transaction: %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, db, "k"); st != "committed" {
+			t.Fatalf("%q, want committed", st)
+		}
+	})
 }
 
 // TestPostgresSessionSettings: with a TimeZone far from UTC, beside a
