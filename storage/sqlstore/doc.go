@@ -223,6 +223,16 @@
 //     max_prepared_statements set, or session pooling.
 //   - The UPDATE reports the rows it matched, not changed: no rev column
 //     is needed, and the table has none.
+//   - bytea_output (hex or escape) changes bytea's text form: pgx reads
+//     bytea in binary and lib/pq parses either form, and the statements
+//     compare the record's hash as hex text of their own, so keys,
+//     fingerprints and records read back byte for byte
+//     (TestPostgresByteaOutputEscape).
+//   - pgstore's table is another table: its times are timestamptz, and
+//     its default name is idem_keys too. On a database where pgstore made
+//     idem_keys, CreateTable does nothing and every statement fails
+//     (TestPostgresPgstoreTable): give this store another table
+//     (WithTable). Moving from one store to the other is a new table.
 //   - A NOWAIT probe or an INSERT that finds its key taken fails its own
 //     autocommit statement only; lock_timeout, if set for the store's
 //     sessions, also answers 55P03, read as "locked".

@@ -12,7 +12,14 @@ import (
 // SQLState() string, found with errors.As: github.com/jackc/pgx/v5/stdlib
 // (*pgconn.PgError) and github.com/lib/pq (*pq.Error), both tested.
 // Keys, owners, fingerprints and records are bytea; times are bigint
-// microseconds by the server's statement_timestamp().
+// microseconds by the server's statement_timestamp(); the table is
+// schema_postgres.sql's, not pgstore's. Its statements, their order and
+// their round trips are MySQL's (a first execution 4, a replay or a
+// conflict 1, a Fence 1 in the application's transaction), where
+// storage/pgstore needs 2 and 1. What differs, and PostgreSQL's traps:
+// see "PostgreSQL" in the package documentation (among them: the store's
+// sessions must run under READ COMMITTED, the default, and a Fence under
+// REPEATABLE READ or SERIALIZABLE may fail with 40001).
 var PostgreSQL Dialect = postgresDialect{}
 
 type postgresDialect struct{}

@@ -322,3 +322,67 @@ func TestPostgresSchema(t *testing.T) {
 		t.Error("a row in state 'bogus' was accepted")
 	}
 }
+
+// TestPostgresByteaOutputEscape: with bytea_output set to escape (the
+// text form of bytea before PostgreSQL 9.0), binary keys, fingerprints
+// and records read back byte for byte through both drivers (pgx reads
+// bytea in binary, lib/pq parses either text form).
+func TestPostgresByteaOutputEscape(t *testing.T) {
+	forPostgres(t, func(t *testing.T, b *backend) {
+		db := b.db(t, nil, map[string]string{"bytea_output": "escape"})
+		s := open(t, db)
+		ctx := context.Background()
+		record := []byte{0, '\\', 'x', 0xff, '\'', 1, 'a'}
+		for i, k := range []string{"\x00\\x", "k\xff", "\\\\"} {
+			fp := fmt.Sprint("fp\x00\xfe", i)
+			if res, err := s.Acquire(ctx, k, "o", fp, time.Minute); err != nil || res.State != storage.Acquired {
+				t.Fatalf("Acquire(%q): %+v, %v", k, res, err)
+			}
+			if res, err := s.Acquire(ctx, k, "o2", "x", time.Minute); err != nil || res.State != storage.InFlight || res.Fingerprint != fp {
+				t.Fatalf("Acquire(%q) again: %+v, %v", k, res, err)
+			}
+			if err := s.Complete(ctx, k, "o", record, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Complete(ctx, k, "o", record, time.Hour); err != nil {
+				t.Fatalf("Complete resent: %v", err)
+			}
+			res, err := s.Acquire(ctx, k, "o2", "x", time.Minute)
+			if err != nil || res.State != storage.Done || string(res.Record) != string(record) || res.Fingerprint != fp {
+				t.Fatalf("replay of %q: %+v, %v", k, res, err)
+			}
+			e, err := s.Lookup(ctx, k, true)
+			if err != nil || e.Key != k || string(e.Record) != string(record) {
+				t.Fatalf("Lookup(%q): %+v, %v", k, e, err)
+			}
+		}
+		page, err := s.List(ctx, storage.Query{Limit: 2})
+		if err != nil || len(page.Entries) != 2 || page.Next == "" {
+			t.Fatalf("List: %+v, %v", page, err)
+		}
+		if page, err = s.List(ctx, storage.Query{Limit: 2, Cursor: page.Next}); err != nil || len(page.Entries) != 1 {
+			t.Fatalf("List, page 2: %+v, %v", page, err)
+		}
+	})
+}
+
+// TestPostgresPgstoreTable: pgstore's table and this package's are not
+// interchangeable (timestamptz there, bigint microseconds here), and both
+// default to idem_keys: CreateTable finds the table there and does
+// nothing, and the store's statements then fail, changing nothing. Give
+// each store its own table.
+func TestPostgresPgstoreTable(t *testing.T) {
+	db := pgB.testDB(t)
+	exec(t, db, "CREATE TABLE idem_keys (key bytea PRIMARY KEY, state text NOT NULL, owner bytea NOT NULL, fingerprint bytea NOT NULL, "+
+		"expires timestamptz NOT NULL, held_until timestamptz, record bytea, issue_ttl bigint, since timestamptz)")
+	exec(t, db, "INSERT INTO idem_keys VALUES ('\\x6b', 'processing', 'o', 'fp', now() + interval '1 hour', NULL, NULL, NULL, now())")
+	s := open(t, db)
+	if _, err := s.Acquire(context.Background(), "k", "o2", "fp", time.Minute); err == nil {
+		t.Fatal("Acquire on pgstore's table: no error")
+	} else {
+		t.Logf("Acquire on pgstore's table: %v", err)
+	}
+	if st := state(t, db, "k"); st != "processing" {
+		t.Fatalf("pgstore's row: %q", st)
+	}
+}
