@@ -233,6 +233,12 @@
 //     idem_keys, CreateTable does nothing and every statement fails
 //     (TestPostgresPgstoreTable): give this store another table
 //     (WithTable). Moving from one store to the other is a new table.
+//   - The janitor locks row by row with NOWAIT, as on MySQL (the
+//     MariaDB trap does not apply, but FOR UPDATE SKIP LOCKED would answer
+//     a row a Fence holds as no row, which the store cannot tell from a
+//     row deleted meanwhile, and its DELETE would then wait for the
+//     Fence); TestCleanupBatches and TestFenceOpenPastLease show it skips
+//     such a row at once.
 //   - A NOWAIT probe or an INSERT that finds its key taken fails its own
 //     autocommit statement only; lock_timeout, if set for the store's
 //     sessions, also answers 55P03, read as "locked".
