@@ -6,11 +6,17 @@ import (
 	"strings"
 )
 
-// Dialect is the SQL of one database family: [MySQL]. A Dialect is used
-// by value; only this package makes them.
+// Dialect is the SQL of one database family: [MySQL] or [PostgreSQL]. A
+// Dialect is used by value; only this package makes them.
 type Dialect interface {
 	// name is the dialect's name, for messages.
 	name() string
+	// maxIdent is the longest identifier (the database or schema part of
+	// a table name) the server keeps as given.
+	maxIdent() int
+	// create returns what CreateTable runs, given the schema's text and
+	// the quoted table.
+	create(schema, quoted string) string
 	// quote returns the table name, already checked, as an identifier.
 	quote(table string) string
 	// schema returns the CREATE TABLE text for the table (quoted) and
@@ -45,6 +51,12 @@ var MySQL Dialect = mysqlDialect{}
 type mysqlDialect struct{}
 
 func (mysqlDialect) name() string { return "mysql" }
+
+func (mysqlDialect) maxIdent() int { return 64 }
+
+// create: CREATE TABLE IF NOT EXISTS is one statement, which MySQL runs
+// safely from several sessions at once.
+func (mysqlDialect) create(schema, _ string) string { return schema }
 
 func (mysqlDialect) quote(table string) string {
 	parts := strings.Split(table, ".")

@@ -53,3 +53,22 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 	})))
 }
+
+// The same on PostgreSQL, through pgx's database/sql driver (or lib/pq's
+// "postgres").
+func Example_postgreSQL() {
+	db, err := sql.Open("pgx", "postgres://app:secret@db/app") // import _ "github.com/jackc/pgx/v5/stdlib"
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := sqlstore.New(db, sqlstore.PostgreSQL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.CreateTable(context.Background()); err != nil { // or a migration running sqlstore.Schema(sqlstore.PostgreSQL, "")
+		log.Fatal(err)
+	}
+	// Then as on MySQL: idem.New(store), and store.Fence(r.Context(), tx)
+	// last in the handler's transaction.
+}

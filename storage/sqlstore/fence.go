@@ -47,9 +47,14 @@ import (
 //
 // Where to call it: as tx's last statement before COMMIT, so that it holds
 // the row lock for the shortest time and checks the lease as late as
-// possible. The UPDATE reads the newest committed row whatever tx's
-// isolation level (InnoDB's locking reads do), so REPEATABLE READ, the
-// default, needs nothing more. Under REPEATABLE READ, a Fence that fails
+// possible. On MySQL, the UPDATE reads the newest committed row whatever
+// tx's isolation level (InnoDB's locking reads do), so REPEATABLE READ,
+// the default, needs nothing more. On PostgreSQL, under READ COMMITTED
+// (its default) too; under REPEATABLE READ or SERIALIZABLE, an UPDATE of
+// a row changed since tx's snapshot (the heartbeat's Extend renewing the
+// lease) fails with a serialization failure (SQLSTATE 40001, returned
+// wrapped): make the Fence tx's first statement there, and run tx again
+// on 40001. On PostgreSQL, any error of the UPDATE aborts tx. Under REPEATABLE READ, a Fence that fails
 // (ErrNotOwner) keeps a lock on the row it read, or on the gap where a
 // row was not, until tx rolls back: roll back at once. While tx holds the
 // lock, the heartbeat cannot renew the lease (Extend answers ErrLocked):

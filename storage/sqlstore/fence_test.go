@@ -22,8 +22,8 @@ import (
 
 // prompt runs f and returns its answer, or fails the test when it has not
 // answered within 10 s: a liveness bound, far below the server's
-// innodb_lock_wait_timeout of 50 s that a statement waiting on the fenced
-// row would take.
+// innodb_lock_wait_timeout of 50 s (MySQL), or no lock_timeout at all
+// (PostgreSQL), that a statement waiting on the fenced row would take.
 func prompt[T any](t *testing.T, what string, f func() T) T {
 	t.Helper()
 	c := make(chan T, 1)
@@ -35,19 +35,6 @@ func prompt[T any](t *testing.T, what string, f func() T) T {
 		t.Fatalf("%s did not answer within 10 s while the fenced transaction was open", what)
 	}
 	panic("unreachable")
-}
-
-// wantLockWait50 checks that the server would make a waiting statement
-// wait 50 s (its default): the tests that measure "at once" mean it.
-func wantLockWait50(t *testing.T, db *sql.DB) {
-	t.Helper()
-	var n int
-	if err := db.QueryRow("SELECT @@innodb_lock_wait_timeout").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 50 {
-		t.Fatalf("innodb_lock_wait_timeout is %d, want the default 50", n)
-	}
 }
 
 // fenceTx acquires key for owner with lease, begins a transaction and
@@ -79,99 +66,101 @@ func fenceTx(t *testing.T, db *sql.DB, s *sqlstore.Store, key, owner string, lea
 // transaction commits: the entry is committed and in flight while the
 // lease runs, and the owner completes it.
 func TestFenceOpenAnswersAtOnce(t *testing.T) {
-	db := testDB(t)
-	wantLockWait50(t, db)
-	db.SetMaxOpenConns(4)
-	s := open(t, db)
-	ctx := context.Background()
-	tx := fenceTx(t, db, s, "k", "o1", time.Minute)
+	forEach(t, func(t *testing.T, b *backend) {
+		db := b.testDB(t)
+		b.lockWait(t, db)
+		db.SetMaxOpenConns(4)
+		s := open(t, db)
+		ctx := context.Background()
+		tx := fenceTx(t, db, s, "k", "o1", time.Minute)
 
-	type answer struct {
-		what string
-		res  storage.Result
-		err  error
-	}
-	var wg sync.WaitGroup
-	answers := make(chan answer, 32)
-	start := make(chan struct{})
-	call := func(what string, f func() (storage.Result, error)) {
-		wg.Go(func() {
-			<-start
-			res, err := f()
-			answers <- answer{what, res, err}
+		type answer struct {
+			what string
+			res  storage.Result
+			err  error
+		}
+		var wg sync.WaitGroup
+		answers := make(chan answer, 32)
+		start := make(chan struct{})
+		call := func(what string, f func() (storage.Result, error)) {
+			wg.Go(func() {
+				<-start
+				res, err := f()
+				answers <- answer{what, res, err}
+			})
+		}
+		for i := range 8 {
+			call("Acquire", func() (storage.Result, error) {
+				return s.Acquire(ctx, "k", fmt.Sprint("dup-", i), "fp-o1", time.Minute)
+			})
+		}
+		call("AcquireIssued", func() (storage.Result, error) { return s.AcquireIssued(ctx, "k", "dup-i", "fp-o1", time.Minute) })
+		call("Acquire of another key", func() (storage.Result, error) { return s.Acquire(ctx, "other", "o", "fp", time.Minute) })
+		call("Issue", func() (storage.Result, error) { return storage.Result{}, s.Issue(ctx, "k", time.Hour) })
+		call("Extend", func() (storage.Result, error) { return storage.Result{}, s.Extend(ctx, "k", "o1", time.Minute) })
+		call("Complete", func() (storage.Result, error) {
+			return storage.Result{}, s.Complete(ctx, "k", "o1", []byte("r"), time.Hour)
 		})
-	}
-	for i := range 8 {
-		call("Acquire", func() (storage.Result, error) {
-			return s.Acquire(ctx, "k", fmt.Sprint("dup-", i), "fp-o1", time.Minute)
+		call("Release", func() (storage.Result, error) { return storage.Result{}, s.Release(ctx, "k", "o1") })
+		call("Lookup", func() (storage.Result, error) {
+			e, err := s.Lookup(ctx, "k", false)
+			if err == nil && e.State == storage.InFlight {
+				_, err = s.Remove(ctx, "k", e.Version)
+			}
+			return storage.Result{State: e.State}, err
 		})
-	}
-	call("AcquireIssued", func() (storage.Result, error) { return s.AcquireIssued(ctx, "k", "dup-i", "fp-o1", time.Minute) })
-	call("Acquire of another key", func() (storage.Result, error) { return s.Acquire(ctx, "other", "o", "fp", time.Minute) })
-	call("Issue", func() (storage.Result, error) { return storage.Result{}, s.Issue(ctx, "k", time.Hour) })
-	call("Extend", func() (storage.Result, error) { return storage.Result{}, s.Extend(ctx, "k", "o1", time.Minute) })
-	call("Complete", func() (storage.Result, error) {
-		return storage.Result{}, s.Complete(ctx, "k", "o1", []byte("r"), time.Hour)
+		began := time.Now()
+		close(start)
+		bound := time.NewTimer(10 * time.Second)
+		defer bound.Stop()
+		const calls = 15
+		for n := range calls {
+			var a answer
+			select {
+			case a = <-answers:
+			case <-bound.C:
+				t.Fatalf("%d of %d store calls answered within 10 s while the fenced transaction was open", n, calls)
+			}
+			switch a.what {
+			case "Acquire of another key":
+				if a.err != nil || a.res.State != storage.Acquired {
+					t.Errorf("%s: %+v, %v; want acquired", a.what, a.res, a.err)
+				}
+			case "Issue":
+				if !errors.Is(a.err, storage.ErrExists) {
+					t.Errorf("Issue: %v, want ErrExists", a.err)
+				}
+			case "Extend", "Complete", "Release", "Lookup":
+				// Lookup reads the row as it was (in flight); Remove then
+				// finds it locked.
+				if !errors.Is(a.err, sqlstore.ErrLocked) || errors.Is(a.err, storage.ErrNotOwner) {
+					t.Errorf("%s by the owner during its open transaction: %v; want ErrLocked", a.what, a.err)
+				}
+			default:
+				if a.err != nil || a.res.State != storage.InFlight || a.res.Fingerprint != "fp-o1" ||
+					a.res.LeaseLeft <= 0 || a.res.LeaseLeft > time.Minute {
+					t.Errorf("%s: %+v, %v; want in flight with the owner's fingerprint and the lease left", a.what, a.res, a.err)
+				}
+			}
+		}
+		t.Logf("15 calls answered in %v while the fenced transaction was open", time.Since(began))
+		wg.Wait()
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, db, "k"); st != "committed" {
+			t.Fatalf("after the commit: %q, want committed", st)
+		}
+		if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.InFlight || res.Fingerprint != "fp-o1" {
+			t.Fatalf("Acquire after the commit, in the lease: %+v, %v; want in flight", res, err)
+		}
+		if err := s.Complete(ctx, "k", "o1", []byte("response"), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != "response" {
+			t.Fatalf("Acquire after the Complete: %+v, %v; want done", res, err)
+		}
 	})
-	call("Release", func() (storage.Result, error) { return storage.Result{}, s.Release(ctx, "k", "o1") })
-	call("Lookup", func() (storage.Result, error) {
-		e, err := s.Lookup(ctx, "k", false)
-		if err == nil && e.State == storage.InFlight {
-			_, err = s.Remove(ctx, "k", e.Version)
-		}
-		return storage.Result{State: e.State}, err
-	})
-	began := time.Now()
-	close(start)
-	bound := time.NewTimer(10 * time.Second)
-	defer bound.Stop()
-	const calls = 15
-	for n := range calls {
-		var a answer
-		select {
-		case a = <-answers:
-		case <-bound.C:
-			t.Fatalf("%d of %d store calls answered within 10 s while the fenced transaction was open", n, calls)
-		}
-		switch a.what {
-		case "Acquire of another key":
-			if a.err != nil || a.res.State != storage.Acquired {
-				t.Errorf("%s: %+v, %v; want acquired", a.what, a.res, a.err)
-			}
-		case "Issue":
-			if !errors.Is(a.err, storage.ErrExists) {
-				t.Errorf("Issue: %v, want ErrExists", a.err)
-			}
-		case "Extend", "Complete", "Release", "Lookup":
-			// Lookup reads the row as it was (in flight); Remove then
-			// finds it locked.
-			if !errors.Is(a.err, sqlstore.ErrLocked) || errors.Is(a.err, storage.ErrNotOwner) {
-				t.Errorf("%s by the owner during its open transaction: %v; want ErrLocked", a.what, a.err)
-			}
-		default:
-			if a.err != nil || a.res.State != storage.InFlight || a.res.Fingerprint != "fp-o1" ||
-				a.res.LeaseLeft <= 0 || a.res.LeaseLeft > time.Minute {
-				t.Errorf("%s: %+v, %v; want in flight with the owner's fingerprint and the lease left", a.what, a.res, a.err)
-			}
-		}
-	}
-	t.Logf("15 calls answered in %v while the fenced transaction was open", time.Since(began))
-	wg.Wait()
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if st := state(t, db, "k"); st != "committed" {
-		t.Fatalf("after the commit: %q, want committed", st)
-	}
-	if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.InFlight || res.Fingerprint != "fp-o1" {
-		t.Fatalf("Acquire after the commit, in the lease: %+v, %v; want in flight", res, err)
-	}
-	if err := s.Complete(ctx, "k", "o1", []byte("response"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Done || string(res.Record) != "response" {
-		t.Fatalf("Acquire after the Complete: %+v, %v; want done", res, err)
-	}
 }
 
 // waitServerClock waits until the server's clock has passed the expiry of
@@ -183,8 +172,7 @@ func waitServerClock(t *testing.T, db *sql.DB, key string) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var past bool
-		err := db.QueryRow("SELECT expires < TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) FROM `"+
-			sqlstore.DefaultTable+"` WHERE `key` = ?", []byte(key)).Scan(&past)
+		err := db.QueryRow(query(t, db, "SELECT expires < "+backendFor(t, db).now+" FROM {table} WHERE `key` = ?"), []byte(key)).Scan(&past)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,144 +192,152 @@ func waitServerClock(t *testing.T, db *sql.DB, key string) {
 // the owner's Extend, Complete and Release ErrLocked, Cleanup skips the
 // row. After the commit the lease is over: Committed.
 func TestFenceOpenPastLease(t *testing.T) {
-	db := testDB(t)
-	wantLockWait50(t, db)
-	s := open(t, db)
-	ctx := context.Background()
-	tx := fenceTx(t, db, s, "k", "o1", time.Second) // a lease the Fence comes well within, on a slow machine
-	waitServerClock(t, db, "k")
+	forEach(t, func(t *testing.T, b *backend) {
+		db := b.testDB(t)
+		b.lockWait(t, db)
+		s := open(t, db)
+		ctx := context.Background()
+		tx := fenceTx(t, db, s, "k", "o1", time.Second) // a lease the Fence comes well within, on a slow machine
+		waitServerClock(t, db, "k")
 
-	res := prompt(t, "Acquire", func() storage.Result {
-		res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute)
-		if err != nil {
-			t.Error(err)
+		res := prompt(t, "Acquire", func() storage.Result {
+			res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			return res
+		})
+		if res.State != storage.InFlight || res.LeaseLeft != time.Millisecond || res.Fingerprint != "fp-o1" {
+			t.Errorf("Acquire past the lease, the transaction open: %+v; want in flight, 1 ms left", res)
 		}
-		return res
+		res = prompt(t, "AcquireIssued", func() storage.Result {
+			res, err := s.AcquireIssued(ctx, "k", "o2", "fp", time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			return res
+		})
+		if res.State != storage.NotIssued && res.State != storage.InFlight {
+			t.Errorf("AcquireIssued past the lease: %+v", res)
+		}
+		if err := prompt(t, "Issue", func() error { return s.Issue(ctx, "k", time.Hour) }); !errors.Is(err, storage.ErrExists) {
+			t.Errorf("Issue: %v, want ErrExists", err)
+		}
+		for name, f := range map[string]func() error{
+			"Extend":   func() error { return s.Extend(ctx, "k", "o1", time.Minute) },
+			"Complete": func() error { return s.Complete(ctx, "k", "o1", []byte("r"), time.Hour) },
+			"Release":  func() error { return s.Release(ctx, "k", "o1") },
+		} {
+			if err := prompt(t, name, f); !errors.Is(err, sqlstore.ErrLocked) {
+				t.Errorf("%s by the owner past its lease, the transaction open: %v, want ErrLocked", name, err)
+			}
+		}
+		if _, err := prompt(t, "Cleanup", func() struct{} {
+			if _, err := s.Cleanup(ctx); err != nil {
+				t.Error(err)
+			}
+			return struct{}{}
+		}), error(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Acquire(ctx, "k", "o3", "fp", time.Minute)
+		if err != nil || res.State != storage.Committed || res.Fingerprint != "fp-o1" {
+			t.Fatalf("Acquire after the commit past the lease: %+v, %v; want committed", res, err)
+		}
 	})
-	if res.State != storage.InFlight || res.LeaseLeft != time.Millisecond || res.Fingerprint != "fp-o1" {
-		t.Errorf("Acquire past the lease, the transaction open: %+v; want in flight, 1 ms left", res)
-	}
-	res = prompt(t, "AcquireIssued", func() storage.Result {
-		res, err := s.AcquireIssued(ctx, "k", "o2", "fp", time.Minute)
-		if err != nil {
-			t.Error(err)
-		}
-		return res
-	})
-	if res.State != storage.NotIssued && res.State != storage.InFlight {
-		t.Errorf("AcquireIssued past the lease: %+v", res)
-	}
-	if err := prompt(t, "Issue", func() error { return s.Issue(ctx, "k", time.Hour) }); !errors.Is(err, storage.ErrExists) {
-		t.Errorf("Issue: %v, want ErrExists", err)
-	}
-	for name, f := range map[string]func() error{
-		"Extend":   func() error { return s.Extend(ctx, "k", "o1", time.Minute) },
-		"Complete": func() error { return s.Complete(ctx, "k", "o1", []byte("r"), time.Hour) },
-		"Release":  func() error { return s.Release(ctx, "k", "o1") },
-	} {
-		if err := prompt(t, name, f); !errors.Is(err, sqlstore.ErrLocked) {
-			t.Errorf("%s by the owner past its lease, the transaction open: %v, want ErrLocked", name, err)
-		}
-	}
-	if _, err := prompt(t, "Cleanup", func() struct{} {
-		if _, err := s.Cleanup(ctx); err != nil {
-			t.Error(err)
-		}
-		return struct{}{}
-	}), error(nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.Acquire(ctx, "k", "o3", "fp", time.Minute)
-	if err != nil || res.State != storage.Committed || res.Fingerprint != "fp-o1" {
-		t.Fatalf("Acquire after the commit past the lease: %+v, %v; want committed", res, err)
-	}
 }
 
 // TestFenceStale: an execution whose lease ran out and whose key another
 // execution took cannot fence (ErrNotOwner), nor can one whose entry is
 // gone; the other execution's entry is untouched.
 func TestFenceStale(t *testing.T) {
-	db := testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	if res, err := s.Acquire(ctx, "k", "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatal(res, err)
-	}
-	shift(t, db, time.Hour)
-	if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatalf("Acquire after the lease: %+v, %v", res, err)
-	}
-	for _, c := range []struct{ key, owner string }{{"k", "o1"}, {"missing", "o1"}} {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
+	forEach(t, func(t *testing.T, b *backend) {
+		db := b.testDB(t)
+		s := open(t, db)
+		ctx := context.Background()
+		if res, err := s.Acquire(ctx, "k", "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatal(res, err)
+		}
+		shift(t, db, time.Hour)
+		if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatalf("Acquire after the lease: %+v, %v", res, err)
+		}
+		for _, c := range []struct{ key, owner string }{{"k", "o1"}, {"missing", "o1"}} {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: c.key, Owner: c.owner, TTL: time.Hour}), tx)
+			tx.Rollback()
+			if !errors.Is(err, storage.ErrNotOwner) {
+				t.Fatalf("Fence of %s by stale %s: %v, want ErrNotOwner", c.key, c.owner, err)
+			}
+		}
+		if st := state(t, db, "k"); st != "processing" {
+			t.Fatalf("o2's entry is %q", st)
+		}
+		if err := s.Complete(ctx, "k", "o2", []byte("r"), time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		err = s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: c.key, Owner: c.owner, TTL: time.Hour}), tx)
-		tx.Rollback()
-		if !errors.Is(err, storage.ErrNotOwner) {
-			t.Fatalf("Fence of %s by stale %s: %v, want ErrNotOwner", c.key, c.owner, err)
-		}
-	}
-	if st := state(t, db, "k"); st != "processing" {
-		t.Fatalf("o2's entry is %q", st)
-	}
-	if err := s.Complete(ctx, "k", "o2", []byte("r"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	})
 }
 
 // TestFenceRollback: a rolled-back fence leaves the entry processing with
 // its lease: in flight for others, the owner's to complete; once the lease
 // has run out, free.
 func TestFenceRollback(t *testing.T) {
-	db := testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	tx := fenceTx(t, db, s, "k", "o1", time.Minute)
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if st := state(t, db, "k"); st != "processing" {
-		t.Fatalf("after the rollback: %q, want processing", st)
-	}
-	if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.InFlight {
-		t.Fatalf("Acquire after the rollback: %+v, %v; want in flight", res, err)
-	}
-	shift(t, db, time.Hour)
-	if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatalf("Acquire after the rollback and the lease: %+v, %v; want acquired", res, err)
-	}
+	forEach(t, func(t *testing.T, b *backend) {
+		db := b.testDB(t)
+		s := open(t, db)
+		ctx := context.Background()
+		tx := fenceTx(t, db, s, "k", "o1", time.Minute)
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, db, "k"); st != "processing" {
+			t.Fatalf("after the rollback: %q, want processing", st)
+		}
+		if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.InFlight {
+			t.Fatalf("Acquire after the rollback: %+v, %v; want in flight", res, err)
+		}
+		shift(t, db, time.Hour)
+		if res, err := s.Acquire(ctx, "k", "o2", "fp", time.Minute); err != nil || res.State != storage.Acquired {
+			t.Fatalf("Acquire after the rollback and the lease: %+v, %v; want acquired", res, err)
+		}
+	})
 }
 
 // TestFenceUnprotectedAndInvalid: without a Lease Fence does nothing;
 // with an incomplete one it is ErrInvalid; twice in one transaction is
 // fine.
 func TestFenceUnprotectedAndInvalid(t *testing.T) {
-	db := testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if err := s.Fence(ctx, tx); err != nil {
-		t.Fatalf("Fence without a lease: %v", err)
-	}
-	if err := s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "k"}), tx); !errors.Is(err, storage.ErrInvalid) {
-		t.Fatalf("Fence without an owner: %v", err)
-	}
-	tx.Rollback()
-	tx = fenceTx(t, db, s, "k", "o1", time.Minute)
-	if err := s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "k", Owner: "o1", TTL: time.Hour}), tx); err != nil {
-		t.Fatalf("second Fence in the transaction: %v", err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	forEach(t, func(t *testing.T, b *backend) {
+		db := b.testDB(t)
+		s := open(t, db)
+		ctx := context.Background()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if err := s.Fence(ctx, tx); err != nil {
+			t.Fatalf("Fence without a lease: %v", err)
+		}
+		if err := s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "k"}), tx); !errors.Is(err, storage.ErrInvalid) {
+			t.Fatalf("Fence without an owner: %v", err)
+		}
+		tx.Rollback()
+		tx = fenceTx(t, db, s, "k", "o1", time.Minute)
+		if err := s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "k", Owner: "o1", TTL: time.Hour}), tx); err != nil {
+			t.Fatalf("second Fence in the transaction: %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // unreachable wraps a store whose Complete never gets through, as when the
@@ -358,110 +354,112 @@ func (unreachable) Complete(context.Context, string, string, []byte, time.Durati
 // the lease ends: the retry gets 409 ErrNotReplayable, one order exists.
 // Without the fence (the control) the retry runs the handler again.
 func TestMiddlewareFence(t *testing.T) {
-	for _, c := range []struct {
-		name       string
-		fence      bool
-		wantOrders int
-		wantRetry  int
-	}{
-		{"with Fence", true, 1, http.StatusConflict},
-		{"without Fence", false, 2, http.StatusCreated},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			db := testDB(t)
-			wantLockWait50(t, db)
-			s := open(t, db)
-			exec(t, db, "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE = InnoDB")
-			const lease = 200 * time.Millisecond
-			m, err := idem.New(unreachable{s}, idem.WithLease(lease), idem.WithTTL(time.Hour))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var runs atomic.Int64
-			fenced := make(chan struct{}, 1)
-			proceed := make(chan struct{})
-			mux := http.NewServeMux()
-			mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
-				first := runs.Add(1) == 1
-				ctx := r.Context()
-				tx, err := db.BeginTx(ctx, nil)
+	forEach(t, func(t *testing.T, b *backend) {
+		for _, c := range []struct {
+			name       string
+			fence      bool
+			wantOrders int
+			wantRetry  int
+		}{
+			{"with Fence", true, 1, http.StatusConflict},
+			{"without Fence", false, 2, http.StatusCreated},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				db := b.testDB(t)
+				b.lockWait(t, db)
+				s := open(t, db)
+				exec(t, db, b.ordersDDL)
+				const lease = 200 * time.Millisecond
+				m, err := idem.New(unreachable{s}, idem.WithLease(lease), idem.WithTTL(time.Hour))
 				if err != nil {
-					http.Error(w, err.Error(), 500)
-					return
+					t.Fatal(err)
 				}
-				defer tx.Rollback()
-				if _, err := tx.ExecContext(ctx, "INSERT INTO orders () VALUES ()"); err != nil {
-					http.Error(w, err.Error(), 500)
-					return
-				}
-				if c.fence {
-					if err := s.Fence(ctx, tx); err != nil {
+				var runs atomic.Int64
+				fenced := make(chan struct{}, 1)
+				proceed := make(chan struct{})
+				mux := http.NewServeMux()
+				mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+					first := runs.Add(1) == 1
+					ctx := r.Context()
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
 						http.Error(w, err.Error(), 500)
 						return
 					}
+					defer tx.Rollback()
+					if _, err := tx.ExecContext(ctx, b.orderInsert); err != nil {
+						http.Error(w, err.Error(), 500)
+						return
+					}
+					if c.fence {
+						if err := s.Fence(ctx, tx); err != nil {
+							http.Error(w, err.Error(), 500)
+							return
+						}
+					}
+					if first {
+						fenced <- struct{}{}
+						<-proceed
+					}
+					if err := tx.Commit(); err != nil {
+						http.Error(w, err.Error(), 500)
+						return
+					}
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusCreated)
+					io.WriteString(w, `{"id":1}`)
+				})
+				srv := httptest.NewServer(nethttp.Middleware(m)(mux))
+				defer srv.Close()
+				post := func() (int, string) {
+					t.Helper()
+					req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
+					req.Header.Set("Idempotency-Key", `"order-1"`)
+					resp, err := srv.Client().Do(req)
+					if err != nil {
+						t.Error(err)
+						return 0, ""
+					}
+					defer resp.Body.Close()
+					b, _ := io.ReadAll(resp.Body)
+					return resp.StatusCode, string(b)
 				}
-				if first {
-					fenced <- struct{}{}
-					<-proceed
+				first := make(chan int, 1)
+				go func() { code, _ := post(); first <- code }()
+				<-fenced
+				type reply struct {
+					code int
+					body string
 				}
-				if err := tx.Commit(); err != nil {
-					http.Error(w, err.Error(), 500)
-					return
+				dup := prompt(t, "a duplicate request", func() reply { code, body := post(); return reply{code, body} })
+				if dup.code != http.StatusConflict {
+					t.Errorf("duplicate while the transaction is open: %d %s, want 409", dup.code, dup.body)
 				}
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusCreated)
-				io.WriteString(w, `{"id":1}`)
+				close(proceed)
+				if code := <-first; code != http.StatusCreated {
+					t.Fatalf("first: %d", code)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := m.Shutdown(ctx); err != nil {
+					t.Fatal(err)
+				}
+				shift(t, db, time.Minute) // past the lease (and the processing row's expiry, without the fence), not the TTL
+				code, body := post()
+				if code != c.wantRetry || (c.fence && !strings.Contains(body, "#ErrNotReplayable")) {
+					t.Fatalf("retry: %d %s, want %d", code, body, c.wantRetry)
+				}
+				var n int
+				if err := db.QueryRow("SELECT COUNT(*) FROM orders").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != c.wantOrders || runs.Load() != int64(c.wantOrders) {
+					t.Fatalf("%d orders, %d runs of the handler, want %d", n, runs.Load(), c.wantOrders)
+				}
+				if err := m.Shutdown(ctx); err != nil {
+					t.Fatal(err)
+				}
 			})
-			srv := httptest.NewServer(nethttp.Middleware(m)(mux))
-			defer srv.Close()
-			post := func() (int, string) {
-				t.Helper()
-				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
-				req.Header.Set("Idempotency-Key", `"order-1"`)
-				resp, err := srv.Client().Do(req)
-				if err != nil {
-					t.Error(err)
-					return 0, ""
-				}
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				return resp.StatusCode, string(b)
-			}
-			first := make(chan int, 1)
-			go func() { code, _ := post(); first <- code }()
-			<-fenced
-			type reply struct {
-				code int
-				body string
-			}
-			dup := prompt(t, "a duplicate request", func() reply { code, body := post(); return reply{code, body} })
-			if dup.code != http.StatusConflict {
-				t.Errorf("duplicate while the transaction is open: %d %s, want 409", dup.code, dup.body)
-			}
-			close(proceed)
-			if code := <-first; code != http.StatusCreated {
-				t.Fatalf("first: %d", code)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := m.Shutdown(ctx); err != nil {
-				t.Fatal(err)
-			}
-			shift(t, db, time.Minute) // past the lease (and the processing row's expiry, without the fence), not the TTL
-			code, body := post()
-			if code != c.wantRetry || (c.fence && !strings.Contains(body, "#ErrNotReplayable")) {
-				t.Fatalf("retry: %d %s, want %d", code, body, c.wantRetry)
-			}
-			var n int
-			if err := db.QueryRow("SELECT COUNT(*) FROM orders").Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n != c.wantOrders || runs.Load() != int64(c.wantOrders) {
-				t.Fatalf("%d orders, %d runs of the handler, want %d", n, runs.Load(), c.wantOrders)
-			}
-			if err := m.Shutdown(ctx); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
+		}
+	})
 }

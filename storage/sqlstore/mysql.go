@@ -8,7 +8,14 @@ type statements struct {
 	read, probe, peek, insert, take, takeIssued, complete, releaseDelete, releaseBack, releaseUnheld,
 	extend, issueInsert, issueTake, fence, cleanupSelect, cleanupLock, cleanupDelete,
 	lookup, removeProbe, remove, listState, listAll string
+	// maxPacket reads the server's largest statement, in bytes; "" means
+	// maxField.
+	maxPacket string
 }
+
+// maxField is the largest record when the statements have no maxPacket:
+// PostgreSQL's limit of 1 GB on one field.
+const maxField = 1 << 30
 
 // mysqlNow is the server's clock in microseconds since the Unix epoch:
 // UTC_TIMESTAMP(6), which no session time zone changes, as a number
@@ -116,6 +123,8 @@ func (mysqlDialect) sql(t string) statements {
 			"ORDER BY e.since, e.`key` LIMIT ?"),
 		// ? key, limit.
 		listAll: f("SELECT " + mysqlEntry + " FROM {table} e WHERE e.`key` > ? ORDER BY e.`key` LIMIT ?"),
+		// max_allowed_packet bounds a statement, so a record.
+		maxPacket: "SELECT @@max_allowed_packet",
 	}
 }
 

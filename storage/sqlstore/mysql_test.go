@@ -6,10 +6,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,31 +18,6 @@ import (
 	"github.com/idemkit/idem/storage/storagetest"
 )
 
-// TestKeysAreBinary: keys are VARBINARY, compared byte for byte: no
-// collation folds "Key" into "key", "é" into "e", or drops a trailing
-// space (which a PAD SPACE collation ignores).
-func TestKeysAreBinary(t *testing.T) {
-	db := testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	keys := []string{"key", "Key", "KEY", "key ", "e", "é", "E"}
-	for i, k := range keys {
-		res, err := s.Acquire(ctx, k, fmt.Sprint("o", i), fmt.Sprint("fp", i), time.Minute)
-		if err != nil || res.State != storage.Acquired {
-			t.Fatalf("Acquire(%q): %+v, %v; want a new entry of its own", k, res, err)
-		}
-	}
-	for i, k := range keys {
-		res, err := s.Acquire(ctx, k, "other", "x", time.Minute)
-		if err != nil || res.State != storage.InFlight || res.Fingerprint != fmt.Sprint("fp", i) {
-			t.Fatalf("Acquire(%q) again: %+v, %v; want its own entry in flight", k, res, err)
-		}
-	}
-	if _, err := s.Acquire(ctx, strings.Repeat("k", sqlstore.MaxKeyLen+1), "o", "fp", time.Minute); !errors.Is(err, storage.ErrInvalid) {
-		t.Fatalf("a key over MaxKeyLen: %v, want ErrInvalid", err)
-	}
-}
-
 // TestRecordOverMaxAllowedPacket: with the server's max_allowed_packet set
 // to 64 KiB, a Complete whose record does not fit returns
 // ErrRecordTooLarge, changes nothing (the entry stays the owner's, and a
@@ -54,7 +27,7 @@ func TestRecordOverMaxAllowedPacket(t *testing.T) {
 	if os.Getenv(mysqltest.EnvDSN) != "" {
 		t.Skip("it sets the server's global max_allowed_packet: not on a server of " + mysqltest.EnvDSN + ", which other tests may share")
 	}
-	admin := testDB(t)
+	admin := mysqlB.testDB(t)
 	var old int64
 	if err := admin.QueryRow("SELECT @@GLOBAL.max_allowed_packet").Scan(&old); err != nil {
 		t.Fatal(err)
@@ -64,7 +37,7 @@ func TestRecordOverMaxAllowedPacket(t *testing.T) {
 		t.Skipf("cannot set max_allowed_packet: %v", err)
 	}
 	t.Cleanup(func() { admin.Exec(fmt.Sprintf("SET GLOBAL max_allowed_packet = %d", old)) })
-	db := testDB(t) // new connections: they take the new limit
+	db := mysqlB.testDB(t) // new connections: they take the new limit
 	var got int64
 	if err := db.QueryRow("SELECT @@max_allowed_packet").Scan(&got); err != nil || got != limit {
 		t.Fatalf("session max_allowed_packet %d, %v", got, err)
@@ -105,210 +78,13 @@ func TestRecordOverMaxAllowedPacket(t *testing.T) {
 	}
 }
 
-// TestCleanupBatches: Cleanup deletes every expired row in batches of
-// WithCleanupBatch, leaves live rows, and skips, without waiting, an
-// expired row that a fenced transaction holds.
-func TestCleanupBatches(t *testing.T) {
-	db := testDB(t)
-	wantLockWait50(t, db)
-	s := open(t, db, sqlstore.WithCleanupBatch(7))
-	ctx := context.Background()
-	for i := range 30 {
-		if _, err := s.Acquire(ctx, fmt.Sprint("old-", i), "o", "fp", time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	shift(t, db, time.Hour)
-	for i := range 5 {
-		if _, err := s.Acquire(ctx, fmt.Sprint("live-", i), "o", "fp", time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A fenced row whose TTL runs out while its transaction is open.
-	if _, err := s.Acquire(ctx, "fenced", "o", "fp", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if err := s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: "fenced", Owner: "o", TTL: time.Millisecond}), tx); err != nil {
-		t.Fatal(err)
-	}
-	n := prompt(t, "Cleanup", func() int64 {
-		n, err := s.Cleanup(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		return n
-	})
-	if n != 30 {
-		t.Fatalf("Cleanup deleted %d rows, want the 30 expired", n)
-	}
-	var left int
-	if err := db.QueryRow("SELECT COUNT(*) FROM `" + sqlstore.DefaultTable + "`").Scan(&left); err != nil {
-		t.Fatal(err)
-	}
-	if left != 6 {
-		t.Fatalf("%d rows left, want the 5 live and the fenced one", left)
-	}
-	tx.Rollback()
-}
-
-// TestManyAcquirersOneKey: 100 goroutines acquire one key at once, fresh,
-// then again once it has expired: exactly one acquires each time, and
-// nothing fails (no deadlock, no lock wait).
-func TestManyAcquirersOneKey(t *testing.T) {
-	db := testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	for round := range 2 {
-		const n = 100
-		var wg sync.WaitGroup
-		results := make([]storage.Result, n)
-		start := make(chan struct{})
-		for i := range n {
-			wg.Go(func() {
-				<-start
-				res, err := s.Acquire(ctx, "k", fmt.Sprint(round, "-owner-", i), fmt.Sprint("fp-", i), time.Minute)
-				if err != nil {
-					t.Errorf("owner %d: %v", i, err)
-				}
-				results[i] = res
-			})
-		}
-		close(start)
-		wg.Wait()
-		won := 0
-		for _, r := range results {
-			switch r.State {
-			case storage.Acquired:
-				won++
-			case storage.InFlight:
-			default:
-				t.Errorf("round %d: %v", round, r.State)
-			}
-		}
-		if won != 1 {
-			t.Fatalf("round %d: %d owners acquired the key, want 1", round, won)
-		}
-		shift(t, db, time.Hour)
-	}
-}
-
-// TestChurn runs every operation on a few keys from many goroutines:
-// InnoDB's row and gap locks under REPEATABLE READ must bring no
-// deadlock (error 1213) or lock wait timeout (1205) to the caller; every
-// error is one of the contract's.
-func TestChurn(t *testing.T) {
-	db := testDB(t)
-	s := open(t, db)
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	for g := range 12 {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(g), 1))
-			for i := range 150 {
-				k := fmt.Sprint("k", r.IntN(3))
-				o := fmt.Sprint("o", r.IntN(4))
-				var err error
-				switch r.IntN(7) {
-				case 0, 1:
-					_, err = s.Acquire(ctx, k, o, "fp", time.Duration(1+r.IntN(50))*time.Millisecond)
-				case 2:
-					err = s.Complete(ctx, k, o, []byte(fmt.Sprint(i)), time.Duration(1+r.IntN(50))*time.Millisecond)
-				case 3:
-					err = s.Release(ctx, k, o)
-				case 4:
-					err = s.Extend(ctx, k, o, time.Duration(1+r.IntN(50))*time.Millisecond)
-				case 5:
-					err = s.Issue(ctx, k, time.Duration(1+r.IntN(50))*time.Millisecond)
-				case 6:
-					_, err = s.AcquireIssued(ctx, k, o, "fp", time.Minute)
-				}
-				if err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrExists) && !errors.Is(err, sqlstore.ErrLocked) {
-					t.Errorf("%v", err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// TestRoundTrips counts the round trips of each path, on one connection
-// whose statements are already prepared: a first execution (Acquire of a
-// new key: a read and an INSERT; Complete: a locking read and an UPDATE),
-// a replay and a conflict (one read each), and a Fence (its UPDATE, in
-// the application's transaction, beside BEGIN and COMMIT).
-func TestRoundTrips(t *testing.T) {
-	var c counter
-	db := testDB(t, countWith(&c))
-	db.SetMaxOpenConns(1)
-	s := open(t, db)
-	ctx := context.Background()
-	fence := func(key, owner string) {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Fence(storage.ContextWithLease(ctx, storage.Lease{Key: key, Owner: owner, TTL: time.Hour}), tx); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	run := func(key string) {
-		if res, err := s.Acquire(ctx, key, "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-			t.Fatal(res, err)
-		}
-		fence(key, "o1")
-		if err := s.Complete(ctx, key, "o1", []byte("r"), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := s.Acquire(ctx, key, "o2", "fp", time.Minute); err != nil || res.State != storage.Done {
-			t.Fatal(res, err)
-		}
-	}
-	run("warm-up") // prepares every statement on the connection
-	s.Acquire(ctx, "warm-up-2", "o1", "fp", time.Minute)
-	s.Extend(ctx, "warm-up-2", "o1", time.Minute)
-	s.Release(ctx, "warm-up-2", "o1")
-	if res, err := s.Acquire(ctx, "busy", "o1", "fp", time.Minute); err != nil || res.State != storage.Acquired {
-		t.Fatal(res, err)
-	}
-	for _, p := range []struct {
-		name string
-		want int64
-		f    func()
-	}{
-		{"first Acquire", 2, func() { s.Acquire(ctx, "k", "o1", "fp", time.Minute) }},
-		{"Fence, with BEGIN and COMMIT", 3, func() { fence("k", "o1") }},
-		{"Complete", 2, func() { s.Complete(ctx, "k", "o1", []byte("r"), time.Hour) }},
-		{"replay", 1, func() { s.Acquire(ctx, "k", "o2", "fp", time.Minute) }},
-		{"conflict", 1, func() { s.Acquire(ctx, "busy", "o2", "fp", time.Minute) }},
-		{"Extend", 2, func() { s.Extend(ctx, "busy", "o1", time.Minute) }},
-		{"Release", 2, func() { s.Release(ctx, "busy", "o1") }},
-	} {
-		c.Reset()
-		p.f()
-		if got := c.RoundTrips(); got != p.want {
-			t.Errorf("%s: %d round trips, want %d", p.name, got, p.want)
-		}
-	}
-}
-
 // TestContractSessionSettings runs the contract suite through connections
 // whose session has a lax sql_mode (no strict mode: the server would
 // truncate an oversized value instead of failing) and a time zone far
 // from UTC, beside a second store's connections in another zone on the
 // same table: the store's statements do not depend on either.
 func TestContractSessionSettings(t *testing.T) {
-	db := testDB(t, func(cfg *mysql.Config) {
-		cfg.Params = map[string]string{"sql_mode": "''", "time_zone": "'+09:30'"}
-	})
+	db := mysqlB.db(t, nil, map[string]string{"sql_mode": "''", "time_zone": "'+09:30'"})
 	var mode, zone string
 	if err := db.QueryRow("SELECT @@SESSION.sql_mode, @@SESSION.time_zone").Scan(&mode, &zone); err != nil {
 		t.Fatal(err)
@@ -359,7 +135,7 @@ func TestSchema(t *testing.T) {
 	if _, err := sqlstore.New(&sql.DB{}, nil); err == nil {
 		t.Error("New(nil dialect): no error")
 	}
-	db := testDB(t)
+	db := mysqlB.testDB(t)
 	var dbName string
 	if err := db.QueryRow("SELECT DATABASE()").Scan(&dbName); err != nil {
 		t.Fatal(err)
@@ -399,7 +175,7 @@ func TestClassify(t *testing.T) {
 // victim's statement again: both Acquire answer, one acquired, the other
 // in flight, and neither sees the 1213.
 func TestDeadlockRetried(t *testing.T) {
-	db := testDB(t)
+	db := mysqlB.testDB(t)
 	s := open(t, db)
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)

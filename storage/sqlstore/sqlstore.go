@@ -29,7 +29,7 @@ const (
 )
 
 // MaxKeyLen is the longest key, and the longest owner token, the table
-// holds (VARBINARY(255)); a longer one is [storage.ErrInvalid]. The
+// holds (VARBINARY(255) on MySQL; bytea on PostgreSQL, bounded alike); a longer one is [storage.ErrInvalid]. The
 // middleware's storage keys and owner tokens are far shorter.
 const MaxKeyLen = 255
 
@@ -47,11 +47,12 @@ var ErrTableName = errors.New("sqlstore: invalid table name")
 var ErrLocked = errors.New("sqlstore: entry locked by a transaction under way")
 
 // ErrRecordTooLarge is wrapped by the error of Complete for a record that
-// does not fit one statement of the server (its max_allowed_packet, less
-// 1 KiB for the rest of the statement). Nothing was changed: the entry is
+// does not fit one statement of the server (MySQL's max_allowed_packet,
+// less 1 KiB for the rest of the statement; on PostgreSQL, the 1 GB limit
+// of one field, less the same). Nothing was changed: the entry is
 // still the owner's, and Release frees it. Keep the middleware's largest
 // record (its WithMaxRecord, or what the handlers can send) below the
-// server's max_allowed_packet.
+// server's max_allowed_packet (far below 1 GB on PostgreSQL).
 var ErrRecordTooLarge = errors.New("sqlstore: record larger than the server's max_allowed_packet allows")
 
 // Store is a storage.Store on a database/sql database. Create it with
@@ -94,9 +95,11 @@ type config struct {
 // WithTable sets the table, [DefaultTable] by default: a name of lower-case
 // ASCII letters, digits and underscores that does not start with a digit,
 // of at most 51 bytes (so that the names of its constraints, the table's
-// and a suffix of up to 12 bytes, fit MySQL's 64), optionally after a
-// database name of the same kind and a dot ("idem.keys"). Give each
-// application sharing a database its own table.
+// and a suffix of up to 12 bytes, fit MySQL's 64 and PostgreSQL's 63),
+// optionally after a database name (MySQL) or schema name (PostgreSQL)
+// of the same kind, of at most 64 bytes (MySQL) or 63 (PostgreSQL), and a
+// dot ("idem.keys"). Give each application sharing a database its own
+// table.
 func WithTable(name string) Option { return func(c *config) { c.table = name } }
 
 // WithCleanupInterval sets how often the janitor deletes expired rows,
@@ -120,14 +123,15 @@ func WithCleanupBatch(n int) Option {
 }
 
 // New returns a Store that keeps its entries in the table of db's database
-// (see WithTable), speaking dialect ([MySQL]), and starts its janitor
+// (see WithTable), speaking dialect ([MySQL] or [PostgreSQL]), and starts its janitor
 // goroutine; call Close to stop it. It sends nothing to the database:
 // create the table with [Store.CreateTable], or with a migration of your
 // own that runs [Schema]'s text. db stays the caller's: Close does not
 // close it.
 //
 // db's connections must be in autocommit mode (the default; do not set
-// autocommit=0 in the DSN). The store prepares its statements on each
+// autocommit=0 in the DSN), and on PostgreSQL run their statements under
+// READ COMMITTED (the default; see the package documentation). The store prepares its statements on each
 // connection the first time it uses them (one round trip per statement
 // and connection), and then runs each in one round trip.
 //
@@ -146,7 +150,7 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 			o(&c)
 		}
 	}
-	bare, err := parseTable(c.table)
+	bare, err := parseTable(dialect, c.table)
 	if err != nil {
 		return nil, err
 	}
@@ -184,12 +188,16 @@ func (s *Store) Table() string { return s.table }
 //go:embed schema_mysql.sql
 var mysqlSchema string
 
+//go:embed schema_postgres.sql
+var postgresSchema string
+
 var tableName = regexp.MustCompile(`^(?:([a-z_][a-z0-9_]{0,63})\.)?([a-z_][a-z0-9_]{0,50})$`)
 
-// parseTable checks a name given to WithTable and returns its last part.
-func parseTable(name string) (string, error) {
+// parseTable checks a name given to WithTable for dialect and returns
+// its last part.
+func parseTable(dialect Dialect, name string) (string, error) {
 	m := tableName.FindStringSubmatch(name)
-	if m == nil {
+	if m == nil || len(m[1]) > dialect.maxIdent() {
 		return "", fmt.Errorf("%w %q: want lower-case letters, digits and underscores, not starting with a digit, "+
 			"at most 51 bytes, optionally after a database name and a dot", ErrTableName, name)
 	}
@@ -198,8 +206,9 @@ func parseTable(name string) (string, error) {
 
 // Schema returns the SQL that creates the table name (as WithTable takes
 // it; "" means [DefaultTable]) in dialect, with its indexes, when it does
-// not exist: for MySQL, the text of the package's schema_mysql.sql with
-// the name replaced. It is what [Store.CreateTable] runs, for teams that
+// not exist: the text of the package's schema_mysql.sql or
+// schema_postgres.sql with the name replaced (on PostgreSQL, three
+// statements: run them as one script). It is what [Store.CreateTable] runs, for teams that
 // run their own migrations.
 func Schema(dialect Dialect, name string) (string, error) {
 	if dialect == nil {
@@ -208,7 +217,7 @@ func Schema(dialect Dialect, name string) (string, error) {
 	if name == "" {
 		name = DefaultTable
 	}
-	bare, err := parseTable(name)
+	bare, err := parseTable(dialect, name)
 	if err != nil {
 		return "", err
 	}
@@ -216,11 +225,13 @@ func Schema(dialect Dialect, name string) (string, error) {
 }
 
 // CreateTable creates the store's table and its indexes unless the table
-// exists (CREATE TABLE IF NOT EXISTS: one statement, so instances
-// starting together do not trip over each other). The database user
-// needs CREATE on the database.
+// exists (CREATE TABLE IF NOT EXISTS: on MySQL one statement, so
+// instances starting together do not trip over each other; on PostgreSQL,
+// whose IF NOT EXISTS is not safe from two sessions at once, the table
+// and its indexes after an advisory lock, in one implicit transaction).
+// The database user needs CREATE on the database (schema).
 func (s *Store) CreateTable(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, s.dialect.schema(s.quoted, s.bare)); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.dialect.create(s.dialect.schema(s.quoted, s.bare), s.quoted)); err != nil {
 		return fmt.Errorf("sqlstore: creating table %s: %w", s.table, err)
 	}
 	return nil
@@ -258,7 +269,8 @@ func (s *Store) cached(q string) *sql.Stmt {
 }
 
 // deadlockTries is how many times a statement chosen as a deadlock victim
-// (MySQL error 1213) is run in all. The store's statements are single-row
+// (MySQL error 1213; PostgreSQL's 40P01, or a serialization failure,
+// 40001) is run in all. The store's statements are single-row
 // autocommit statements that take their locks in one order, so a deadlock
 // needs a third party (an application's transaction on the table, or a
 // duplicate INSERT behind one that rolled back); running the statement
@@ -572,7 +584,10 @@ func (s *Store) maxPacket(ctx context.Context) (int64, error) {
 	if p > 0 {
 		return p, nil
 	}
-	if err := s.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&p); err != nil {
+	if s.sql.maxPacket == "" {
+		return maxField, nil
+	}
+	if err := s.db.QueryRowContext(ctx, s.sql.maxPacket).Scan(&p); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
@@ -607,8 +622,8 @@ func (s *Store) lockedAnswer(ctx context.Context, op, key, owner string, done fu
 // that owner and the same record (compared by SHA-256 in the database).
 // When a transaction that fenced the owner's entry is still open, it
 // returns at once an error wrapping [ErrLocked], having changed nothing.
-// A record that does not fit the server's max_allowed_packet is
-// [ErrRecordTooLarge], and changes nothing. Errors wrap
+// A record that does not fit the server's max_allowed_packet (MySQL) or
+// 1 GB (PostgreSQL) is [ErrRecordTooLarge], and changes nothing. Errors wrap
 // [storage.ErrNotOwner], [ErrLocked], [ErrRecordTooLarge] or
 // [storage.ErrInvalid], or say that the database could not be reached or
 // failed.
