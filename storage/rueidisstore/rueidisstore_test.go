@@ -53,6 +53,7 @@ func client(t testing.TB, addrs ...string) rueidis.Client {
 	t.Helper()
 	opt := rueidisstore.ClientOption(addrs...)
 	opt.Dialer.KeepAlive, opt.ConnWriteTimeout = time.Second, 10*time.Second
+	opt.Dialer.Timeout = 10 * time.Second // rueidis bounds a new connection's handshake (HELLO) by it too
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatal(err)

@@ -124,6 +124,7 @@ var storeKinds = []storeKind{
 func rueidisClient(t *testing.T, addrs ...string) rueidis.Client {
 	opt := rueidisstore.ClientOption(addrs...)
 	opt.Dialer.KeepAlive, opt.ConnWriteTimeout = time.Second, 10*time.Second
+	opt.Dialer.Timeout = 10 * time.Second // rueidis bounds a new connection's handshake (HELLO) by it too
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatalf("rueidis.NewClient: %v", err)

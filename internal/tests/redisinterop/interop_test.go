@@ -51,6 +51,7 @@ func pair(t *testing.T, cluster bool, addrs ...string) (goredis, rueidisS named)
 	// silence, not 250 ms: a loaded machine may keep one silent that long.
 	opt := rueidisstore.ClientOption(addrs...)
 	opt.Dialer.KeepAlive, opt.ConnWriteTimeout = time.Second, 10*time.Second
+	opt.Dialer.Timeout = 10 * time.Second // rueidis bounds a new connection's handshake (HELLO) by it too
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatal(err)
