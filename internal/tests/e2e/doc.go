@@ -38,6 +38,10 @@
 // and idem's fence in one transaction, and the tests count order rows per
 // key, with three processes, a process killed after its commits, one
 // stopped past its leases, and the database crashed under load.
+// mysql_test.go runs them on MariaDB (idemserver -mysql: database/sql,
+// go-sql-driver/mysql and sqlstore.MySQL, the server from
+// internal/mysqltest, IDEM_REQUIRE_MYSQL=1): three processes and a
+// process killed after its commits.
 //
 // The tests and what they prove are listed in docs/guarantees.md, with the
 // figures of the last run. They need redis-server on PATH (they skip
@@ -48,8 +52,11 @@
 //
 //	IDEM_E2E_KEYS=10000   keys of TestExactlyOnceAcrossProcesses and
 //	                      TestPGExactlyOnceAcrossProcesses (default 2000)
+//	IDEM_E2E_MYSQL_KEYS   keys of TestMySQLExactlyOnceAcrossProcesses
+//	                      (default 1000)
 //	IDEM_E2E_DUPS=5       concurrent duplicates of each key (default 5)
-//	IDEM_E2E_WORKERS=64   requests in flight (default 64)
+//	IDEM_E2E_WORKERS=64   requests in flight (default 64; 32 in
+//	                      TestMySQLExactlyOnceAcrossProcesses)
 //	IDEM_E2E_FIGURES=f    append the figures of the run to the file f
 //	IDEM_E2E_PG_SETTINGS="synchronous_commit=off"
 //	                      settings of the PostgreSQL of
@@ -62,7 +69,8 @@
 //	                      record twice, which they must not notice;
 //	                      -no-fence commits the orders without the fence,
 //	                      which the PostgreSQL tests of a crash or a stale
-//	                      execution must notice
+//	                      execution, and TestMySQLKilledAfterCommit, must
+//	                      notice
 //	IDEM_E2E_CLIENT=rotate-keys
 //	                      breaks the client of client_test.go on purpose:
 //	                      every attempt goes out under a new key, and the

@@ -24,12 +24,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/leakcheck"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
-func TestMain(m *testing.M) { leakcheck.Main(cleanup{pgtest.Wrap(redistest.Wrap(m))}) }
+func TestMain(m *testing.M) {
+	leakcheck.Main(cleanup{mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))})
+}
 
 // cleanup removes the server binary after the tests.
 type cleanup struct{ m leakcheck.M }

@@ -62,7 +62,8 @@
 // With -pg it runs on PostgreSQL instead: records in pgstore's table, and
 // POST /orders an order service whose order row and fence share one
 // transaction (see pgFlags in orders.go); -redis and -count-redis are then
-// unused.
+// unused. With -mysql, the same on MySQL or MariaDB through database/sql
+// and sqlstore.
 //
 // The records' store is redisstore on a go-redis client with
 // redisstore.ClientOptions, the options recommended for a request path
@@ -132,21 +133,28 @@ func main() {
 
 	var (
 		inner   storage.Store
-		counts  *redis.Client // nil with -pg
+		counts  *redis.Client // nil with -pg or -mysql
 		handler http.Handler
 		closers []func() error
 		opts    = []idem.Option{idem.WithLease(*lease), idem.WithTTL(*ttl), idem.WithObserver(observe)}
 	)
 	g := newGate()
 	gateAt := pg.gateAt
-	if pg.dsn != "" {
-		o, err := pg.open(g, *delay)
+	if pg.dsn != "" && pg.mysql != "" {
+		log.Fatal("-pg and -mysql: want one")
+	}
+	if pg.dsn != "" || pg.mysql != "" {
+		open := pg.open
+		if pg.mysql != "" {
+			open = pg.openMySQL
+		}
+		o, err := open(g, *delay)
 		if err != nil {
 			log.Fatal(err)
 		}
-		inner, handler, closers = o.store, o, []func() error{o.close}
+		inner, handler, closers = o.db.store(), o, []func() error{o.close}
 		if *steal {
-			inner = thief{Store: inner, drop: o.drop}
+			inner = thief{Store: inner, drop: o.db.drop}
 		}
 		if pg.rebuild {
 			opts = append(opts, idem.WithRebuild(o.rebuild))

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/response"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -50,8 +51,15 @@ import (
 // starting together do not race to): pgstore's, and the orders table
 // with the columns id (bigserial), key, exec, rid, owner (text), pid
 // (int), seq and at_ns (bigint).
+//
+// With -mysql DSN instead (a go-sql-driver/mysql DSN naming the database),
+// the same service runs on MySQL or MariaDB through database/sql: records
+// in sqlstore's table (-mysql-table, sqlstore.MySQL), the order inserted,
+// Store.Fence called and the transaction committed on one *sql.Tx; the
+// other flags are the same (-pg-conns bounds the sql.DB's connections).
 type pgFlags struct {
 	dsn, table, orders string
+	mysql, sqlTable    string
 	conns              int
 	gateAt             string
 	rebuild, noFence   bool
@@ -60,6 +68,8 @@ type pgFlags struct {
 func (f *pgFlags) register() {
 	flag.StringVar(&f.dsn, "pg", "", "PostgreSQL DSN: records in pgstore, and POST /orders commits an order row with the fence")
 	flag.StringVar(&f.table, "pg-table", pgstore.DefaultTable, "pgstore's table")
+	flag.StringVar(&f.mysql, "mysql", "", "MySQL or MariaDB DSN (go-sql-driver/mysql, naming the database): records in sqlstore, and POST /orders as with -pg")
+	flag.StringVar(&f.sqlTable, "mysql-table", sqlstore.DefaultTable, "sqlstore's table")
 	flag.StringVar(&f.orders, "orders-table", "orders", "the orders table (see pgFlags)")
 	flag.IntVar(&f.conns, "pg-conns", 16, "the pool's most connections")
 	flag.StringVar(&f.gateAt, "gate-at", "", "where the gate holds the handlers: with -pg before-fence (default) or after-commit; "+
@@ -68,27 +78,58 @@ func (f *pgFlags) register() {
 	flag.BoolVar(&f.noFence, "no-fence", false, "test of the tests: commit the order without Store.Fence")
 }
 
-// orders is the order service of the PostgreSQL mode.
+// orders is the order service of the database modes: PostgreSQL through
+// pgx and pgstore (-pg), MySQL or MariaDB through database/sql and
+// sqlstore (-mysql).
 type orders struct {
-	pool   *pgxpool.Pool
-	store  *pgstore.Store
-	table  string // sanitized
-	gate   *gate
-	after  bool // the gate is after the commit
-	fence  bool
-	delay  time.Duration
-	seq    atomic.Int64
-	insert string
-	lookup string
+	db    database
+	gate  *gate
+	after bool // the gate is after the commit
+	fence bool
+	delay time.Duration
+	seq   atomic.Int64
+}
+
+// database is what the order service needs of its database: the records'
+// store, and transactions that insert an order and fence it.
+type database interface {
+	store() storage.Store
+	// begin starts a transaction with the request's context.
+	begin(ctx context.Context) (orderTx, error)
+	// lookup reads key's first order into ord; false when there is none.
+	lookup(ctx context.Context, key string, ord *order) (bool, error)
+	// drop deletes key's entry: the broken store of -steal-leases.
+	drop(ctx context.Context, key string) error
+	close() error
+}
+
+// orderTx is a transaction of the order service.
+type orderTx interface {
+	// insert inserts ord and sets its ID.
+	insert(ctx context.Context, ord *order) error
+	// fence is the store's Fence in the transaction.
+	fence(ctx context.Context) error
+	commit(ctx context.Context) error
+	rollback(ctx context.Context)
+}
+
+// gateAfterCommit checks -gate-at for a database mode and reports whether
+// the gate is after the commit.
+func gateAfterCommit(gateAt *string) (bool, error) {
+	if *gateAt == "" {
+		*gateAt = "before-fence"
+	}
+	if *gateAt != "before-fence" && *gateAt != "after-commit" {
+		return false, fmt.Errorf("-gate-at %q: want before-fence or after-commit", *gateAt)
+	}
+	return *gateAt == "after-commit", nil
 }
 
 // open connects to the database and returns the service.
 func (f *pgFlags) open(g *gate, delay time.Duration) (*orders, error) {
-	if f.gateAt == "" {
-		f.gateAt = "before-fence"
-	}
-	if f.gateAt != "before-fence" && f.gateAt != "after-commit" {
-		return nil, fmt.Errorf("-gate-at %q: want before-fence or after-commit", f.gateAt)
+	after, err := gateAfterCommit(&f.gateAt)
+	if err != nil {
+		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(f.dsn)
 	if err != nil {
@@ -108,25 +149,66 @@ func (f *pgFlags) open(g *gate, delay time.Duration) (*orders, error) {
 		return nil, err
 	}
 	t := pgx.Identifier{f.orders}.Sanitize()
-	return &orders{
-		pool: pool, store: st, table: t, gate: g, after: f.gateAt == "after-commit", fence: !f.noFence, delay: delay,
-		insert: "INSERT INTO " + t + " (key, exec, pid, seq, rid, owner, at_ns) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
-		lookup: "SELECT id, exec, pid, seq, rid, owner, at_ns FROM " + t + " WHERE key = $1 ORDER BY id LIMIT 1",
-	}, nil
+	db := &pgDB{
+		pool: pool, st: st,
+		insertSQL: "INSERT INTO " + t + " (key, exec, pid, seq, rid, owner, at_ns) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+		lookupSQL: "SELECT id, exec, pid, seq, rid, owner, at_ns FROM " + t + " WHERE key = $1 ORDER BY id LIMIT 1",
+	}
+	return &orders{db: db, gate: g, after: after, fence: !f.noFence, delay: delay}, nil
 }
+
+// pgDB is the PostgreSQL mode's database: pgx and pgstore.
+type pgDB struct {
+	pool                 *pgxpool.Pool
+	st                   *pgstore.Store
+	insertSQL, lookupSQL string
+}
+
+func (d *pgDB) store() storage.Store { return d.st }
 
 // close stops the store's janitor and closes the pool.
-func (o *orders) close() error {
-	err := o.store.Close()
-	o.pool.Close()
+func (d *pgDB) close() error {
+	err := d.st.Close()
+	d.pool.Close()
 	return err
 }
 
-// drop deletes key's entry: the broken store of -steal-leases.
-func (o *orders) drop(ctx context.Context, key string) error {
-	_, err := o.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{o.store.Table()}.Sanitize()+" WHERE key = $1", []byte(key))
+func (d *pgDB) drop(ctx context.Context, key string) error {
+	_, err := d.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{d.st.Table()}.Sanitize()+" WHERE key = $1", []byte(key))
 	return err
 }
+
+func (d *pgDB) lookup(ctx context.Context, key string, ord *order) (bool, error) {
+	err := d.pool.QueryRow(ctx, d.lookupSQL, key).Scan(&ord.ID, &ord.Exec, &ord.PID, &ord.Seq, &ord.RID, &ord.Owner, &ord.AtNanos)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (d *pgDB) begin(ctx context.Context) (orderTx, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgTx{d, tx}, nil
+}
+
+type pgTx struct {
+	d  *pgDB
+	tx pgx.Tx
+}
+
+func (t pgTx) insert(ctx context.Context, ord *order) error {
+	return t.tx.QueryRow(ctx, t.d.insertSQL, ord.Key, ord.Exec, ord.PID, ord.Seq, ord.RID, ord.Owner, ord.AtNanos).Scan(&ord.ID)
+}
+
+func (t pgTx) fence(ctx context.Context) error  { return t.d.st.Fence(ctx, t.tx) }
+func (t pgTx) commit(ctx context.Context) error { return t.tx.Commit(ctx) }
+func (t pgTx) rollback(ctx context.Context)     { t.tx.Rollback(ctx) }
+
+// close closes the service's database.
+func (o *orders) close() error { return o.db.close() }
 
 // order is a row of the orders table, and the response's body.
 type order struct {
@@ -150,7 +232,7 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ord.Owner == "" {
 		ord.Owner = "-"
 	}
-	tx, err := o.pool.Begin(ctx)
+	tx, err := o.db.begin(ctx)
 	if err != nil {
 		unavailable(w, "begin", err)
 		return
@@ -158,9 +240,9 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		tx.Rollback(rctx) // after Commit, a no-op
+		tx.rollback(rctx) // after commit, a no-op
 	}()
-	if err := tx.QueryRow(ctx, o.insert, ord.Key, ord.Exec, ord.PID, ord.Seq, ord.RID, ord.Owner, ord.AtNanos).Scan(&ord.ID); err != nil {
+	if err := tx.insert(ctx, &ord); err != nil {
 		unavailable(w, "insert", err)
 		return
 	}
@@ -168,7 +250,7 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		o.gate.pass(ctx)
 	}
 	if o.fence {
-		if err := o.store.Fence(ctx, tx); errors.Is(err, storage.ErrNotOwner) {
+		if err := tx.fence(ctx); errors.Is(err, storage.ErrNotOwner) {
 			log.Printf("fence refused %s (owner %.8s): %v", ord.Exec, ord.Owner, err)
 			// Another execution holds the key: a retry gets its answer.
 			w.Header().Set("X-Exec", ord.Exec)
@@ -180,7 +262,7 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		unavailable(w, "commit", err)
 		return
 	}
@@ -207,9 +289,9 @@ func (o *orders) write(w http.ResponseWriter, ord order) {
 func (o *orders) rebuild(w http.ResponseWriter, r *http.Request) bool {
 	info, _ := idem.FromContext(r.Context())
 	ord := order{Key: info.Key, Protected: true}
-	err := o.pool.QueryRow(r.Context(), o.lookup, info.Key).Scan(&ord.ID, &ord.Exec, &ord.PID, &ord.Seq, &ord.RID, &ord.Owner, &ord.AtNanos)
+	found, err := o.db.lookup(r.Context(), info.Key, &ord)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case err == nil && !found:
 		log.Printf("rebuild %s: no order", info.Key)
 		return false
 	case err != nil:
