@@ -100,10 +100,10 @@ type Upstream struct {
 type Route struct {
 	Match           string        `yaml:"match" doc:"A net/http ServeMux pattern: [METHOD ][HOST]/[PATH], as \"POST api.example.com/orders/{id}\" or \"/\"; required, unique. The pattern scopes the records: changing it starts new records."`
 	Upstream        string        `yaml:"upstream" doc:"The name of the upstream that serves the route; required."`
-	Protect         []string      `yaml:"protect" default:"[POST, PATCH]" doc:"The methods made idempotent; others pass through untouched. [] protects nothing: a plain proxy route (WebSocket, SSE, GET)."`
+	Protect         []string      `yaml:"protect" default:"[POST, PATCH]" doc:"The methods made idempotent; others pass through untouched. [] protects nothing: a plain proxy route (WebSocket, SSE, GET), which needs no scope."`
 	Key             Key           `yaml:"key" doc:"Where a request's idempotency key is: exactly one of header, json and form; default the Idempotency-Key header."`
 	RequireKey      bool          `yaml:"require_key" doc:"A protected request without a key gets 400 instead of passing through unprotected. Implied by json and form keys."`
-	Scope           *Scope        `yaml:"scope" doc:"Whose records a request reads and writes; required: exactly one of header, authorization and none."`
+	Scope           *Scope        `yaml:"scope" doc:"Whose records a request reads and writes: exactly one of header, authorization and none; required when the route protects a method."`
 	Lease           time.Duration `yaml:"lease" default:"30s" doc:"How long a request in flight holds its key without being renewed; renewed while the upstream works. A gateway that dies frees its keys after at most this long."`
 	TTL             time.Duration `yaml:"ttl" default:"24h" doc:"How long a response is kept for retries; at least the lease."`
 	Wait            time.Duration `yaml:"wait" default:"0s" doc:"How long a duplicate waits for the first request's answer before it gets 409 with Retry-After; 0: 409 at once."`

@@ -34,7 +34,10 @@ func (e *ConfigError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.File)
 	if e.Line > 0 {
-		fmt.Fprintf(&b, ":%d:%d", e.Line, e.Column)
+		fmt.Fprintf(&b, ":%d", e.Line)
+	}
+	if e.Line > 0 && e.Column > 0 {
+		fmt.Fprintf(&b, ":%d", e.Column)
 	}
 	b.WriteString(": ")
 	if e.Path != "" {

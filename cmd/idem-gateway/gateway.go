@@ -113,6 +113,10 @@ func buildRoutes(c *Config, store storage.Store, log *slog.Logger) (*routes, err
 	}
 	for i, r := range c.Routes {
 		p := newProxy(c.Upstreams[r.Upstream], transports[r.Upstream], log, r.MaxResponseBody)
+		if len(r.Protect) == 0 {
+			rs.mux.Handle(r.Match, p) // a plain proxy route
+			continue
+		}
 		m, err := idem.New(store, append(routeOptions(r), idem.WithObserver(observer(log, i, r)))...)
 		if err != nil {
 			rs.close(context.Background())

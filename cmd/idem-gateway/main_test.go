@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 )
 
@@ -43,13 +43,18 @@ func testMain(m *testing.M) int {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, ".")...)
+		goCmd, err := exec.LookPath("go")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "no go command on PATH to build the gateway (or set IDEM_GATEWAY_BIN)")
+			return 1
+		}
+		cmd := exec.Command(goCmd, append(args, ".")...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 			return 1
 		}
 	}
-	return redistest.Wrap(m).Run()
+	return pgtest.Wrap(redistest.Wrap(m)).Run()
 }
 
 // proc is a gateway process started as a user starts it.

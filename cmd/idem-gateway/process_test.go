@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 )
 
@@ -365,8 +366,7 @@ func TestProcessReload(t *testing.T) {
 		}
 		gw.signal(syscall.SIGHUP)
 	}
-	two := memoryConfig(up1, fmt.Sprintf("  - match: /v2/\n    upstream: two\n    scope: {none: true}\n")) +
-		fmt.Sprintf("") // routes added below the first
+	two := memoryConfig(up1, "  - match: /v2/\n    upstream: two\n    scope: {none: true}\n")
 	two = strings.Replace(two, "upstreams:\n", fmt.Sprintf("upstreams:\n  two:\n    url: %s\n", up2.URL), 1)
 	reload(two)
 	gw.waitLog(t, "reloaded", 30*time.Second)
@@ -473,4 +473,64 @@ func TestProcessStreams(t *testing.T) {
 	if l, _ := cr.ReadString('\n'); l != "echo hello\n" {
 		t.Fatalf("over the upgraded connection: %q", l)
 	}
+}
+
+// The README's gateway, on its example file: a keyed POST /orders runs
+// once and is replayed; other routes pass through.
+func TestProcessExampleConfig(t *testing.T) {
+	src, err := os.ReadFile("gateway.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newUpstream(t)
+	config := strings.NewReplacer("127.0.0.1:8080", "127.0.0.1:0", "127.0.0.1:9090", "127.0.0.1:0",
+		"http://127.0.0.1:9000", up.URL).Replace(string(src))
+	gw := startGateway(t, config)
+	ctx := deadline(t, time.Minute)
+	c := &http.Client{}
+	first := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
+	again := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
+	if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran("k1") != 1 {
+		t.Fatalf("%v then %v; the upstream ran %d times", first, again, up.ran("k1"))
+	}
+	// Another client's (Authorization) k1 is its own.
+	if a := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`, "Authorization", "Bearer other"); a.replayed || up.ran("k1") != 2 {
+		t.Fatalf("another client's k1: %v", a)
+	}
+	// "/" protects nothing: a keyed POST elsewhere runs each time.
+	post(ctx, c, gw.url("/other"), "k2", `{}`)
+	post(ctx, c, gw.url("/other"), "k2", `{}`)
+	if up.ran("k2") != 2 {
+		t.Fatalf("the pass-through route ran %d times, want 2", up.ran("k2"))
+	}
+}
+
+// On PostgreSQL: the table is created at start, a retry is replayed, and
+// a second gateway on the same table replays it too.
+func TestProcessPostgres(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	up := newUpstream(t)
+	config := fmt.Sprintf(`instances: 2
+listen: [{address: "127.0.0.1:0"}]
+admin: {address: "127.0.0.1:0"}
+store:
+  postgres: {dsn_env: IDEM_GATEWAY_TEST_DSN, table: gw_%d}
+upstreams: {app: {url: %q}}
+routes:
+  - {match: "POST /orders", upstream: app, scope: {authorization: true}}
+`, time.Now().UnixNano(), up.URL)
+	env := "IDEM_GATEWAY_TEST_DSN=" + dsn
+	a, b := startGateway(t, config, env), startGateway(t, config, env)
+	ctx := deadline(t, time.Minute)
+	c := &http.Client{}
+	first := post(ctx, c, a.url("/orders"), "pg", `{}`)
+	again := post(ctx, c, b.url("/orders"), "pg", `{}`)
+	if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran("pg") != 1 {
+		t.Fatalf("%v then %v; the upstream ran %d times", first, again, up.ran("pg"))
+	}
+	res, err := c.Get("http://" + b.admin + "/readyz")
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz: %v %v", res, err)
+	}
+	res.Body.Close()
 }

@@ -203,6 +203,7 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 		d.errorf(p+".key.form", "%q: want field names joined by commas", r.Key.Form)
 	}
 	switch s := r.Scope; {
+	case s == nil && len(r.Protect) == 0: // a plain proxy route has no records
 	case s == nil:
 		d.errorf(p+".scope", "required: header (set by the authentication proxy in front), authorization, or none")
 	default:
@@ -227,8 +228,8 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 	if r.MaxResponseBody <= 0 {
 		d.errorf(p+".max_response_body", "must be positive")
 	}
-	if len(d.errs) > 0 {
-		return // the options below would repeat what is reported
+	if len(d.errs) > 0 || len(r.Protect) == 0 {
+		return // the options below would repeat what is reported, or are not used
 	}
 	// The middleware checks its own options (lease, ttl, wait and how they
 	// relate): asked now, its answer is placed at the route.
