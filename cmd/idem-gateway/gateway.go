@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemotel"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 )
@@ -100,11 +101,12 @@ func defaultFingerprint(r *http.Request, body []byte) string {
 type routes struct {
 	mux         *http.ServeMux
 	middlewares []*idem.Middleware
+	unwatch     []func() // stops idemotel's count of a middleware's executions
 	transports  []*http.Transport
 }
 
-// buildRoutes builds the handler of c's routes on store.
-func buildRoutes(c *Config, store storage.Store, log *slog.Logger) (*routes, error) {
+// buildRoutes builds the handler of c's routes on store, reported to tel.
+func buildRoutes(c *Config, store storage.Store, tel *idemotel.Telemetry, log *slog.Logger) (*routes, error) {
 	rs := &routes{mux: http.NewServeMux()}
 	transports := map[string]*http.Transport{} // one pool of connections an upstream
 	for _, name := range sortedKeys(c.Upstreams) {
@@ -117,12 +119,17 @@ func buildRoutes(c *Config, store storage.Store, log *slog.Logger) (*routes, err
 			rs.mux.Handle(r.Match, p) // a plain proxy route
 			continue
 		}
-		m, err := idem.New(store, append(routeOptions(r), idem.WithObserver(observer(log, i, r)))...)
+		logOutcome := observer(log, i, r)
+		m, err := idem.New(store, append(routeOptions(r), idem.WithObserver(func(ev idem.Event) {
+			tel.Observe(ev)
+			logOutcome(ev)
+		}))...)
 		if err != nil {
 			rs.close(context.Background())
 			return nil, err
 		}
 		rs.middlewares = append(rs.middlewares, m)
+		rs.unwatch = append(rs.unwatch, tel.Watch(m))
 		h := nethttp.Middleware(m)(p)
 		if r.Scope != nil && r.Scope.Header != "" {
 			h = requireScope(r.Scope.Header, protects(r), h)
@@ -156,6 +163,9 @@ func (rs *routes) close(ctx context.Context) error {
 	}
 	for _, t := range rs.transports {
 		t.CloseIdleConnections()
+	}
+	for _, unwatch := range rs.unwatch {
+		unwatch()
 	}
 	return errors.Join(errs...)
 }

@@ -70,7 +70,11 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	g := newGateway(*file, cfg, stderr)
+	g, err := newGateway(*file, cfg, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
 	if err := g.run(ctx, hup); err != nil {
 		g.log.Error("stopped", "err", err.Error())
 		return 1

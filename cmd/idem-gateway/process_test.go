@@ -66,6 +66,18 @@ func TestProcessReplay(t *testing.T) {
 			t.Fatalf("%s: %d %q", path, res.StatusCode, b)
 		}
 	}
+	// Prometheus metrics on the admin listener: idemotel's outcomes.
+	res, err = c.Get("http://" + gw.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, want := range []string{`idem_requests_total{`, `idem_outcome="replayed"`, `idem_outcome="mismatch"`, `go_goroutines `} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, metrics)
+		}
+	}
 	// One log line per outcome, without the key or the body.
 	gw.waitLog(t, "request", 10*time.Second, "outcome", "replayed")
 	for _, l := range gw.lines() {

@@ -14,6 +14,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/idemotel"
+	"github.com/idemkit/idem/storage"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // gateway is a running gateway: its listeners serve the routes of the
@@ -25,17 +33,34 @@ type gateway struct {
 	level *slog.LevelVar
 
 	store   *openedStore
+	traced  storage.Store // store, reported to tel
+	tel     *idemotel.Telemetry
+	metrics http.Handler
 	current atomic.Pointer[routes]
 	ready   atomic.Bool // routes loaded, not shutting down
 	retired sync.WaitGroup
 }
 
-func newGateway(file string, cfg *Config, logOut io.Writer) *gateway {
+func newGateway(file string, cfg *Config, logOut io.Writer) (*gateway, error) {
 	g := &gateway{file: file, cfg: cfg, level: new(slog.LevelVar)}
 	lvl, _ := logLevel(cfg.Log.Level) // validated
 	g.level.Set(lvl)
 	g.log = slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: g.level}))
-	return g
+	// Metrics: idemotel's instruments, exported to Prometheus from a
+	// registry of the gateway's own (with the Go runtime's and the
+	// process's collectors), served on the admin listener's /metrics.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return nil, err
+	}
+	g.tel, err = idemotel.New(idemotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))))
+	if err != nil {
+		return nil, err
+	}
+	g.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return g, nil
 }
 
 // ServeHTTP serves a request with the routes loaded last.
@@ -64,7 +89,8 @@ func (g *gateway) run(ctx context.Context, hup <-chan os.Signal) error {
 	}
 	g.store = store
 	defer store.close()
-	rs, err := buildRoutes(g.cfg, store, g.log)
+	g.traced = g.tel.Store(store)
+	rs, err := buildRoutes(g.cfg, g.traced, g.tel, g.log)
 	if err != nil {
 		return err
 	}
@@ -175,7 +201,7 @@ func (g *gateway) reload() {
 			return
 		}
 	}
-	rs, err := buildRoutes(cfg, g.store, g.log)
+	rs, err := buildRoutes(cfg, g.traced, g.tel, g.log)
 	if err != nil {
 		g.log.Error("reload refused; the running configuration is kept", "err", err.Error())
 		return
@@ -197,9 +223,10 @@ func (g *gateway) reload() {
 	})
 }
 
-// adminHandler serves /healthz and /readyz.
+// adminHandler serves /healthz, /readyz and /metrics.
 func (g *gateway) adminHandler() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", g.metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
