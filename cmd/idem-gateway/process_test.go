@@ -546,3 +546,63 @@ routes:
 	}
 	res.Body.Close()
 }
+
+// kill -9 of a gateway, with another on the same Redis. Killed after its
+// response was stored: the other replays it. Killed while the upstream
+// works: the other answers 409 with Retry-After while the dead gateway's
+// lease runs, and only then sends the request on, with its Idempotency-Key
+// (the documented answer: the dead gateway cannot say whether its call
+// went through, and the upstream may dedupe by the key it passes on).
+func TestProcessKilled(t *testing.T) {
+	const lease = 2 * time.Second
+	addr := redistest.Start(t)
+	up := newUpstream(t)
+	extra := fmt.Sprintf("    lease: %v\n", lease)
+	a := startGateway(t, redisConfig(up, addr, "rueidis", extra))
+	b := startGateway(t, redisConfig(up, addr, "go-redis", extra))
+	ctx := deadline(t, 2*time.Minute)
+	c := &http.Client{}
+
+	done := post(ctx, c, a.url("/orders"), "stored", `{}`, "X-User", "u")
+	if done.status != http.StatusCreated {
+		t.Fatalf("first: %v", done)
+	}
+
+	up.mu.Lock()
+	up.gate, up.arrived = make(chan struct{}), make(chan string, 2)
+	up.mu.Unlock()
+	lost := make(chan answer, 1)
+	go func() { lost <- post(ctx, c, a.url("/orders"), "cut", `{}`, "X-User", "u") }()
+	<-up.arrived
+	a.signal(syscall.SIGKILL)
+	killed := time.Now()
+	a.wait(t, 30*time.Second)
+	if r := <-lost; r.err == nil {
+		t.Fatalf("the killed gateway's client got %v", r)
+	}
+	close(up.gate) // the upstream finishes its first call, for nobody
+
+	if r := post(ctx, c, b.url("/orders"), "stored", `{}`, "X-User", "u"); !r.replayed || r.body != done.body {
+		t.Fatalf("retry of a stored response after the kill: %v, want %v replayed", r, done)
+	}
+	var conflicts int
+	var r answer
+	for {
+		r = post(ctx, c, b.url("/orders"), "cut", `{}`, "X-User", "u")
+		if r.status != http.StatusConflict || ctx.Err() != nil {
+			break
+		}
+		if r.header.Get("Retry-After") == "" {
+			t.Fatalf("409 without Retry-After: %v", r)
+		}
+		conflicts++
+		time.Sleep(50 * time.Millisecond) // the client's own backoff
+	}
+	after := time.Since(killed)
+	if conflicts == 0 || after < lease/2 || r.status != http.StatusCreated || up.ran("cut") != 2 || up.ran("stored") != 1 {
+		t.Fatalf("after the kill: %d 409s, then %v after %v; the upstream ran cut %d times and stored %d times; "+
+			"want 409 for at least half the lease (%v), then the request sent on once more",
+			conflicts, r, after, up.ran("cut"), up.ran("stored"), lease/2)
+	}
+	t.Logf("lease %v: 409 with Retry-After %d times, for %v after the kill, then sent on", lease, conflicts, after.Round(time.Millisecond))
+}
