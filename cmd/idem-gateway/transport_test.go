@@ -54,7 +54,7 @@ routes: [{match: "/", upstream: app, scope: {none: true}}]
 	ctx := deadline(t, time.Minute)
 	url := "https://" + gw.addr + "/orders"
 	first := post(ctx, c, url, "h2", `{}`)
-	again := post(ctx, c, url, "h2", `{}`)
+	again := settled(ctx, c, url, "h2", `{}`)
 	if first.status != http.StatusCreated || first.body != "served over HTTP/2.0\n" || !again.replayed || again.body != first.body {
 		t.Fatalf("over TLS to an h2c upstream: %v then %v", first, again)
 	}
@@ -112,10 +112,34 @@ routes: [{match: "/", upstream: app, scope: {none: true}}]
 			for i := range 10 {
 				key := fmt.Sprintf("%s-%d", client, i)
 				first := post(ctx, c, gw.url("/orders"), key, `{}`)
-				again := post(ctx, c, gw.url("/orders"), key, `{}`)
+				again := settled(ctx, c, gw.url("/orders"), key, `{}`)
 				if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran(key) != 1 {
 					t.Fatalf("%s: %v then %v, ran %d", key, first, again, up.ran(key))
 				}
+			}
+		})
+	}
+}
+
+// Through Sentinel, with either client: the gateway finds the master the
+// sentinel names, and its records are there.
+func TestProcessRedisSentinel(t *testing.T) {
+	master := redistest.Start(t)
+	sentinel := redistest.Sentinel(t, "idem-gw", master)
+	up := newUpstream(t)
+	ctx := deadline(t, time.Minute)
+	for _, client := range []string{"rueidis", "go-redis"} {
+		t.Run(client, func(t *testing.T) {
+			gw := startGateway(t, fmt.Sprintf(`listen: [{address: "127.0.0.1:0"}]
+store: {redis: {client: %s, sentinel_master: idem-gw, addrs: [%q], prefix: "gw-sentinel-%s:"}}
+upstreams: {app: {url: %q}}
+routes: [{match: "/", upstream: app, scope: {none: true}}]
+`, client, sentinel, client, up.URL))
+			key := "sentinel-" + client
+			first := post(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+			again := settled(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+			if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran(key) != 1 {
+				t.Fatalf("%v then %v, ran %d", first, again, up.ran(key))
 			}
 		})
 	}
