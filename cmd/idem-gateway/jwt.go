@@ -509,11 +509,13 @@ type jwtVerifier struct {
 	hookMu         sync.Mutex // guards onRefreshError
 }
 
-// jwtOptions are the seams of tests: the clock, and the ticks of the
-// refresher (nil: a time.Ticker of jwks_refresh).
+// jwtOptions are the seams of tests: the clock, the ticks of the refresher
+// (nil: a time.Ticker of jwks_refresh), and a function told the result of
+// each of the refresher's fetches.
 type jwtOptions struct {
-	now  func() time.Time
-	tick <-chan time.Time
+	now       func() time.Time
+	tick      <-chan time.Time
+	refreshed func(error)
 }
 
 // newJWTVerifier builds a verifier from a checked JWTScope: it checks c
@@ -599,7 +601,7 @@ func newJWTVerifierOptions(ctx context.Context, c *JWTScope, client *http.Client
 			ticker = time.NewTicker(v.refresh)
 			tick = ticker.C
 		}
-		go v.refresher(tick, ticker)
+		go v.refresher(tick, ticker, o.refreshed)
 		return v, nil
 	}
 	close(v.done)
@@ -626,8 +628,9 @@ func (v *jwtVerifier) refreshFailed(err error) {
 	}
 }
 
-// refresher fetches jwks_url at each tick until Close.
-func (v *jwtVerifier) refresher(tick <-chan time.Time, ticker *time.Ticker) {
+// refresher fetches jwks_url at each tick until Close, telling refreshed,
+// when not nil, the result of each fetch.
+func (v *jwtVerifier) refresher(tick <-chan time.Time, ticker *time.Ticker, refreshed func(error)) {
 	defer close(v.done)
 	if ticker != nil {
 		defer ticker.Stop()
@@ -637,8 +640,12 @@ func (v *jwtVerifier) refresher(tick <-chan time.Time, ticker *time.Ticker) {
 		case <-v.ctx.Done():
 			return
 		case <-tick:
-			if err := v.fetch(v.ctx); err != nil && v.ctx.Err() == nil {
+			err := v.fetch(v.ctx)
+			if err != nil && v.ctx.Err() == nil {
 				v.refreshFailed(err)
+			}
+			if refreshed != nil {
+				refreshed(err)
 			}
 		}
 	}
