@@ -34,17 +34,16 @@ import (
 
 // Limits of the jwt scope.
 const (
-	jwtMinSecret      = 32               // bytes of an HMAC secret, whatever the algorithm
-	jwtMinRefresh     = 10 * time.Second // least jwks_refresh
-	jwtMaxLeeway      = 5 * time.Minute  // most leeway
-	jwtKidRefetch     = time.Minute      // least time between two fetches for an unknown kid
-	jwtFetchTimeout   = 10 * time.Second // timeout of the default client of jwks_url
-	jwtMaxJWKS        = 1 << 20          // bytes of a JWKS, file or response
-	jwtMaxToken       = 16 << 10         // bytes of a bearer token
-	jwtMaxPrincipal   = 255              // bytes of the principal claim
-	jwtMinRSABits     = 2048             // least RSA modulus
-	jwtMaxRSABits     = 8192             // largest RSA modulus (bounds the cost of a verification)
-	jwtDefaultRefresh = 5 * time.Minute  // jwks_refresh when left at zero by a caller that skipped the decoder
+	jwtMinSecret    = 32               // bytes of an HMAC secret, whatever the algorithm
+	jwtMinRefresh   = 10 * time.Second // least jwks_refresh
+	jwtMaxLeeway    = 5 * time.Minute  // most leeway
+	jwtKidRefetch   = time.Minute      // least time between two fetches for an unknown kid
+	jwtFetchTimeout = 10 * time.Second // timeout of the default client of jwks_url
+	jwtMaxJWKS      = 1 << 20          // bytes of a JWKS, file or response
+	jwtMaxToken     = 16 << 10         // bytes of a bearer token
+	jwtMaxPrincipal = 255              // bytes of the principal claim
+	jwtMinRSABits   = 2048             // least RSA modulus
+	jwtMaxRSABits   = 8192             // largest RSA modulus (bounds the cost of a verification)
 )
 
 // jwtAlg describes a JWS algorithm (RFC 7518 section 3, RFC 8037).
@@ -576,9 +575,6 @@ func newJWTVerifierOptions(ctx context.Context, c *JWTScope, client *http.Client
 		v.allowed = jwtAllowed(c, 0)
 		v.url = c.JWKSURL
 		v.refresh = c.JWKSRefresh
-		if v.refresh <= 0 {
-			v.refresh = jwtDefaultRefresh
-		}
 		v.client = client
 		if v.client == nil {
 			v.client = &http.Client{
@@ -729,7 +725,7 @@ func (v *jwtVerifier) Principal(r *http.Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	claims, err := v.verify(r.Context(), token)
+	claims, err := v.verify(token)
 	if err != nil {
 		return "", err
 	}
@@ -758,7 +754,7 @@ func bearerToken(r *http.Request) (string, error) {
 }
 
 // verify checks token's form, alg and signature, and returns its claims.
-func (v *jwtVerifier) verify(ctx context.Context, token string) (map[string]any, error) {
+func (v *jwtVerifier) verify(token string) (map[string]any, error) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
 		return nil, errJWTMalformed
@@ -795,7 +791,7 @@ func (v *jwtVerifier) verify(ctx context.Context, token string) (map[string]any,
 			return nil, errJWTSignature
 		}
 	} else {
-		k, err := v.key(ctx, h.Kid, h.Alg, alg)
+		k, err := v.key(h.Kid, h.Alg, alg)
 		if err != nil {
 			return nil, err
 		}
@@ -814,8 +810,10 @@ func (v *jwtVerifier) verify(ctx context.Context, token string) (map[string]any,
 
 // key chooses the key of the set that verifies a token with kid and alg:
 // the key kid names, or without kid the only key that fits alg. An unknown
-// kid fetches jwks_url again, at most once every jwtKidRefetch.
-func (v *jwtVerifier) key(ctx context.Context, kid, name string, alg jwtAlg) (*jwk, error) {
+// kid fetches jwks_url again, at most once every jwtKidRefetch, under the
+// verifier's context (Close cancels it), not the request's: a client that
+// leaves does not waste the minute's fetch.
+func (v *jwtVerifier) key(kid, name string, alg jwtAlg) (*jwk, error) {
 	k, err := v.find(kid, name, alg)
 	if err != errJWTUnknownKid || v.url == "" {
 		return k, err
@@ -831,12 +829,8 @@ func (v *jwtVerifier) key(ctx context.Context, kid, name string, alg jwtAlg) (*j
 		return nil, errJWTUnknownKid
 	}
 	v.lastKidFetch = now
-	fctx := v.ctx
-	if fctx == nil {
-		fctx = ctx
-	}
-	if err := v.fetchLocked(fctx); err != nil {
-		if fctx.Err() == nil {
+	if err := v.fetchLocked(v.ctx); err != nil {
+		if v.ctx.Err() == nil {
 			v.refreshFailed(err)
 		}
 		return nil, errJWTUnknownKid
