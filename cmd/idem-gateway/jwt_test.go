@@ -231,6 +231,7 @@ func TestCheckJWT(t *testing.T) {
 	jwksEC := writeJWTFile(t, "jwks-ec.json", jwksJSON(jwkOf(keys.p256, nil)))
 	jwksEnc := writeJWTFile(t, "jwks-enc.json", jwksJSON(jwkOf(keys.rsa1, map[string]any{"use": "enc"})))
 	jwksSmall := writeJWTFile(t, "jwks-small.json", jwksJSON(jwkOf(keys.rsaSmall, nil)))
+	jwksRS384 := writeJWTFile(t, "jwks-rs384.json", jwksJSON(jwkOf(keys.rsa1, map[string]any{"alg": "RS384"})))
 	jwksEmpty := writeJWTFile(t, "jwks-empty.json", jwksJSON())
 	jwksBad := writeJWTFile(t, "jwks-bad.json", []byte("{\"keys\": ["))
 	missing := filepath.Join(t.TempDir(), "missing")
@@ -264,6 +265,8 @@ func TestCheckJWT(t *testing.T) {
 		{"jwks enc only", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksEnc }), []string{"jwks_file"}, `use "enc"`},
 		{"jwks small rsa", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksSmall }), []string{"jwks_file"}, "1024 bits"},
 		{"jwks no key for algorithms", jwtScope(func(c *JWTScope) { c.JWKSFile, c.Algorithms = jwksEC, []string{"RS256"} }), []string{"jwks_file"}, "no algorithm"},
+		{"jwks key alg not listed", jwtScope(func(c *JWTScope) { c.JWKSFile, c.Algorithms = jwksRS384, []string{"RS256"} }), []string{"jwks_file"}, "alg RS384 not among the algorithms"},
+		{"jwks key alg listed", jwtScope(func(c *JWTScope) { c.JWKSFile, c.Algorithms = jwksRS384, []string{"RS256", "RS384"} }), nil, ""},
 		{"jwks http remote", jwtScope(func(c *JWTScope) { c.JWKSURL = "http://issuer.example/jwks" }), []string{"jwks_url"}, "loopback"},
 		{"jwks relative", jwtScope(func(c *JWTScope) { c.JWKSURL = "/jwks" }), []string{"jwks_url"}, "absolute"},
 		{"jwks ftp", jwtScope(func(c *JWTScope) { c.JWKSURL = "ftp://issuer.example/jwks" }), []string{"jwks_url"}, "https"},
