@@ -35,7 +35,9 @@ func TestProcessJWTScope(t *testing.T) {
 		{"hmac secret", fmt.Sprintf("{hmac_secret_file: %q, issuer: idp}", writeJWTFile(t, "secret", secret)),
 			func(claims map[string]any) string { return signJWT(t, "HS256", secret, nil, claims) }},
 		{"jwks url", fmt.Sprintf("{jwks_url: %q, issuer: idp}", jwks.URL),
-			func(claims map[string]any) string { return signJWT(t, "ES256", ec, map[string]any{"kid": "k1"}, claims) }},
+			func(claims map[string]any) string {
+				return signJWT(t, "ES256", ec, map[string]any{"kid": "k1"}, claims)
+			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := newUpstream(t)
