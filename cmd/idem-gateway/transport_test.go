@@ -76,6 +76,7 @@ func selfSigned(t testing.TB, dir string) (certFile, keyFile string, pool *x509.
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
@@ -183,6 +184,38 @@ routes: [{match: "/", upstream: app, scope: {none: true}}]
 					t.Fatalf("/readyz with a wrong password: %v %v", res, err)
 				}
 				res.Body.Close()
+			}
+		})
+	}
+}
+
+// A Redis over TLS (its certificate trusted through ca_file), with either
+// client.
+func TestProcessRedisTLS(t *testing.T) {
+	cert, key, _ := selfSigned(t, t.TempDir())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsAddr := ln.Addr().String()
+	ln.Close()
+	_, tlsPort, _ := net.SplitHostPort(tlsAddr)
+	redistest.StartProc(t, "--tls-port", tlsPort, "--tls-cert-file", cert, "--tls-key-file", key,
+		"--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+	up := newUpstream(t)
+	ctx := deadline(t, time.Minute)
+	for _, client := range []string{"rueidis", "go-redis"} {
+		t.Run(client, func(t *testing.T) {
+			gw := startGateway(t, fmt.Sprintf(`listen: [{address: "127.0.0.1:0"}]
+store: {redis: {client: %s, addrs: [%q], tls: {ca_file: %q}}}
+upstreams: {app: {url: %q}}
+routes: [{match: "/", upstream: app, scope: {none: true}}]
+`, client, tlsAddr, cert, up.URL))
+			key := "tls-" + client
+			first := post(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+			again := settled(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+			if first.status != http.StatusCreated || !again.replayed || up.ran(key) != 1 {
+				t.Fatalf("%v then %v", first, again)
 			}
 		})
 	}
