@@ -206,7 +206,13 @@ func newProxy(u *Upstream, t *http.Transport, log *slog.Logger, maxBody int) htt
 			r.SetXForwarded()
 		},
 		ModifyResponse: func(res *http.Response) error {
-			if info, _ := idem.FromContext(res.Request.Context()); info.Protected && res.ContentLength < 0 {
+			// A protected response of unknown length is read whole first
+			// (up to maxBody), so that its record knows it is complete;
+			// not a 1xx (an upgrade's body is the connection) nor an
+			// answer without a body.
+			info, _ := idem.FromContext(res.Request.Context())
+			if info.Protected && res.ContentLength < 0 && res.StatusCode >= 200 &&
+				res.StatusCode != http.StatusNoContent && res.StatusCode != http.StatusNotModified && res.Request.Method != http.MethodHead {
 				return readWhole(res, maxBody)
 			}
 			return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -218,5 +220,43 @@ routes: [{match: "/", upstream: app, scope: {none: true}}]
 				t.Fatalf("%v then %v", first, again)
 			}
 		})
+	}
+}
+
+// A protected request that upgrades its connection (a POST with Upgrade)
+// is passed through: its 101's body is the connection, never read whole.
+func TestProcessProtectedUpgrade(t *testing.T) {
+	up := newUpstream(t)
+	up.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // the request's body (the gateway sends it chunked), then the connection's bytes
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		brw.WriteString("echo " + line)
+		brw.Flush()
+	})
+	gw := startGateway(t, memoryConfig(up, ""))
+	conn, err := net.Dial("tcp", gw.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(conn, "POST /tunnel HTTP/1.1\r\nHost: x\r\nIdempotency-Key: up1\r\nUpgrade: tcp\r\nConnection: Upgrade\r\nContent-Length: 0\r\n\r\n")
+	cr := bufio.NewReader(conn)
+	status, _ := cr.ReadString('\n')
+	if !strings.HasPrefix(status, "HTTP/1.1 101") {
+		t.Fatalf("upgrade: %q", status)
+	}
+	for l, _ := cr.ReadString('\n'); l != "\r\n" && l != ""; l, _ = cr.ReadString('\n') {
+	}
+	io.WriteString(conn, "hello\n")
+	if l, _ := cr.ReadString('\n'); l != "echo hello\n" {
+		t.Fatalf("over the upgraded connection: %q", l)
 	}
 }
