@@ -23,6 +23,9 @@
 // On Linux the server also gets SIGKILL when the test binary exits, so a
 // crashed test binary leaves no server running; its directory is then
 // removed by the next test binary that starts a server.
+//
+// [StartProc] starts a server of the test's own instead, which the test
+// can crash and restart (see [Proc]).
 package mysqltest
 
 import (
@@ -87,7 +90,7 @@ func DSN(t testing.TB) string {
 	defer shared.mu.Unlock()
 	if !shared.done {
 		shared.done = true
-		shared.srv, shared.err = start()
+		shared.srv, shared.err = start(nil)
 	}
 	check(t, shared.err)
 	return shared.srv.dsn
@@ -171,6 +174,12 @@ type server struct {
 	cmd *exec.Cmd
 	dir string
 	dsn string
+
+	// What starts it again on the same port and data (see Proc).
+	bin      string
+	user     []string
+	port     int
+	settings []string
 }
 
 // stop ends the server (SIGTERM, a clean shutdown; SIGKILL after ten
@@ -180,8 +189,11 @@ func (s *server) stop() {
 	kill := time.AfterFunc(10*time.Second, func() { s.cmd.Process.Kill() })
 	s.cmd.Wait()
 	kill.Stop()
-	os.RemoveAll(s.dir)
+	s.removeDir()
 }
+
+// removeDir removes the server's directory.
+func (s *server) removeDir() { os.RemoveAll(s.dir) }
 
 // find returns the path of the binary name, on PATH or in binDirs.
 func find(name string) (string, bool) {
@@ -197,7 +209,12 @@ func find(name string) (string, bool) {
 	return "", false
 }
 
-func start() (*server, error) {
+// start finds the binaries, runs mariadb-install-db, and starts mariadbd
+// on a free loopback port, with settings ("name=value", each passed as
+// --name=value) after the package's own, which they override. A port
+// taken between choosing it and the server binding it makes the server
+// exit, so it tries a few ports.
+func start(settings []string) (*server, error) {
 	install, ok1 := find("mariadb-install-db")
 	mariadbd, ok2 := find("mariadbd")
 	if !ok1 || !ok2 {
@@ -241,7 +258,7 @@ func start() (*server, error) {
 		if err != nil {
 			return fail(err)
 		}
-		srv, err := startAt(mariadbd, dir, user, port)
+		srv, err := startAt(mariadbd, dir, user, port, settings)
 		if err == nil {
 			return srv, nil
 		}
@@ -251,7 +268,11 @@ func start() (*server, error) {
 	}
 }
 
-func startAt(mariadbd, dir string, user []string, port int) (*server, error) {
+// startAt runs mariadbd on the data directory in dir, on the loopback
+// port, and waits until it accepts connections. Its output is appended to
+// dir's mariadbd.log, so that the log of a restarted server (see Proc)
+// follows the first's.
+func startAt(mariadbd, dir string, user []string, port int, settings []string) (*server, error) {
 	logName := filepath.Join(dir, "mariadbd.log")
 	log, err := os.OpenFile(logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -263,7 +284,10 @@ func startAt(mariadbd, dir string, user []string, port int) (*server, error) {
 		"--pid-file="+filepath.Join(dir, "pid"), "--port="+strconv.Itoa(port), "--bind-address=127.0.0.1",
 		"--skip-log-bin", "--innodb-flush-log-at-trx-commit=0", "--max-connections=300",
 		"--innodb-buffer-pool-size=64M")
-	srv := &server{dir: dir, cmd: exec.Command(mariadbd, args...),
+	for _, kv := range settings {
+		args = append(args, "--"+kv) // the last of an option wins
+	}
+	srv := &server{dir: dir, cmd: exec.Command(mariadbd, args...), bin: mariadbd, user: user, port: port, settings: settings,
 		dsn: "root@tcp(" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ")/?parseTime=true"}
 	srv.cmd.Env = env()
 	srv.cmd.Stdout, srv.cmd.Stderr = log, log
