@@ -7,9 +7,11 @@ import (
 	"database/sql"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,9 +22,9 @@ import (
 )
 
 // myEnv is the database of the MariaDB tests' servers (idemserver
-// -mysql): a database of the test's own on mysqltest's server, holding
-// sqlstore's table and the orders table, created before the servers start
-// and dropped when the test ends.
+// -mysql): a database of the test's own on a server of mysqltest (the
+// shared one, or a Proc's), holding sqlstore's table and the orders
+// table, created before the servers start and dropped when the test ends.
 type myEnv struct {
 	db  *sql.DB // the test's own, on the database
 	dsn string  // naming the database
@@ -32,10 +34,10 @@ type myEnv struct {
 // sqlstore's MySQL dialect writes expires and held_until.
 const myNow = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 
-// newMySQL creates the database and its tables.
-func newMySQL(t testing.TB) *myEnv {
+// newMySQL creates the database and its tables on the server of the DSN
+// server (without a database, as mysqltest gives it).
+func newMySQL(t testing.TB, server string) *myEnv {
 	t.Helper()
-	server := mysqltest.DSN(t)
 	root, err := sql.Open("mysql", server)
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +141,18 @@ func (e *myEnv) states(t testing.TB, ctx context.Context) map[string]int {
 	return out
 }
 
+// leasesLeft returns the number of entries in flight whose lease has not
+// expired by the database's clock.
+func (e *myEnv) leasesLeft(t testing.TB, ctx context.Context) int {
+	t.Helper()
+	var n int
+	if err := e.db.QueryRowContext(ctx, "SELECT count(*) FROM `"+sqlstore.DefaultTable+"` WHERE state = 'processing' AND expires > "+
+		myNow).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestMySQLExactlyOnceAcrossProcesses: three processes share one MariaDB
 // through database/sql and sqlstore; every key is sent as concurrent
 // duplicates spread across them. Each key's order is committed exactly
@@ -146,7 +160,7 @@ func (e *myEnv) states(t testing.TB, ctx context.Context) map[string]int {
 // execution's response back byte for byte.
 func TestMySQLExactlyOnceAcrossProcesses(t *testing.T) {
 	const lease = 5 * time.Second
-	env := newMySQL(t)
+	env := newMySQL(t, mysqltest.DSN(t))
 	keys := envInt(t, "IDEM_E2E_MYSQL_KEYS", 1000)
 	dups := envInt(t, "IDEM_E2E_DUPS", 5)
 	workers := envInt(t, "IDEM_E2E_WORKERS", 32)
@@ -190,7 +204,7 @@ func TestMySQLKilledAfterCommit(t *testing.T) {
 		lease = 2 * time.Second
 		keys  = 100
 	)
-	env := newMySQL(t)
+	env := newMySQL(t, mysqltest.DSN(t))
 	ctx := deadline(t, 2*time.Minute)
 	base := slices.Clip(env.flags("-lease", lease.String()))
 	srvs := startEach(t, append(base, "-gate-at", "after-commit"), base, append(base, "-rebuild"))
@@ -304,4 +318,336 @@ func TestMySQLKilledAfterCommit(t *testing.T) {
 		"leases left at the kill at least %v; retries within %v of the kill: %d answered 409 in flight with Retry-After; from %v after the kill, "+
 		"when the leases had run out, 2 rounds: %d answered 409 ErrNotReplayable, %d rebuilt from the order (201 replayed); %d orders for %d keys",
 		lease, keys, ms(leaseLeft), ms(early), nInFlight, ms(late), n409, nRebuilt, countRows(after), keys)
+}
+
+// TestMySQLProcCrashKeepsCommits: on mysqltest's private server (a Proc),
+// every commit acknowledged before Crash (SIGKILL of mariadbd) is there
+// after Restart, on the same DSN; while it is down, connections are
+// refused. (internal/mysqltest, which imports no driver, tests Crash and
+// Restart with the protocol's greeting and COM_PING; this is where the
+// driver is.) IDEM_E2E_MYSQL_SETTINGS tests the test:
+// "innodb_flush_log_at_trx_commit=0" acknowledges commits that the crash
+// may then lose.
+func TestMySQLProcCrashKeepsCommits(t *testing.T) {
+	const rows = 300
+	p := mysqltest.StartProc(t, mysqlSettings(t)...)
+	ctx := deadline(t, 2*time.Minute)
+	db, err := sql.Open("mysql", p.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var flush int
+	if err := db.QueryRowContext(ctx, "SELECT @@innodb_flush_log_at_trx_commit").Scan(&flush); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("innodb_flush_log_at_trx_commit = %d", flush)
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE kept"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE kept.rows (n int PRIMARY KEY) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	// One transaction per row, each acknowledged; the last right before
+	// the crash.
+	for n := range rows {
+		if _, err := db.ExecContext(ctx, "INSERT INTO kept.rows VALUES (?)", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Crash()
+	if err := db.PingContext(ctx); err == nil {
+		t.Fatal("the crashed server answered a ping")
+	}
+	p.Restart()
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM kept.rows").Scan(&n); err != nil || n != rows {
+		t.Fatalf("after the restart: %d rows, %v; want the %d acknowledged", n, err, rows)
+	}
+}
+
+// mysqlSettings returns the settings of IDEM_E2E_MYSQL_SETTINGS, for
+// mysqltest.StartProc: a test of the tests.
+func mysqlSettings(t testing.TB) []string {
+	settings := strings.Fields(os.Getenv("IDEM_E2E_MYSQL_SETTINGS"))
+	if len(settings) > 0 {
+		t.Logf("IDEM_E2E_MYSQL_SETTINGS: %v", settings)
+	}
+	return settings
+}
+
+// TestMySQLStaleCommitRefused: a process is stopped (SIGSTOP) in its
+// handlers' transactions on MariaDB, after their orders were inserted and
+// before sqlstore's fence, for longer than the lease; the other processes
+// take the keys and commit their orders. When the stopped process goes
+// on, every fence finds its lease lost and the late transaction rolls
+// back: one order per key, the one whose response the retries get.
+func TestMySQLStaleCommitRefused(t *testing.T) {
+	const (
+		lease = 2 * time.Second
+		keys  = 50
+	)
+	env := newMySQL(t, mysqltest.DSN(t))
+	ctx := deadline(t, 2*time.Minute)
+	base := slices.Clip(env.flags("-lease", lease.String()))
+	// The stopped process's handlers each hold a connection in their
+	// transactions (-pg-conns bounds -mysql's pool too).
+	srvs := startEach(t, append(base, "-pg-conns", strconv.Itoa(keys+8)), base, base)
+	victim := srvs[0]
+	c := newClient(t)
+	names := keyNames("my-stale-", keys)
+
+	victim.control(t, "POST", "/gate/close")
+	held := make(chan *reply, keys)
+	for _, key := range names {
+		go func() { held <- c.post(ctx, srvs, 0, key, key+"/stale", false) }()
+	}
+	waitFor(t, ctx, fmt.Sprintf("%d handlers to wait at the gate, in their transactions", keys), func() bool {
+		select {
+		case r := <-held:
+			t.Fatalf("a request to the process at the gate was answered: %v\n%s", r, victim.output())
+		default:
+		}
+		return victim.held(t) == keys
+	})
+	victim.signal(t, syscall.SIGSTOP)
+	stopped := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			victim.signal(t, syscall.SIGCONT)
+		}
+	}()
+	// Each handler's order is inserted, not committed: the test's reads
+	// do not see it.
+	if n := countRows(env.executions(t, ctx, names)); n != 0 {
+		t.Fatalf("%d orders visible before the fence, want 0", n)
+	}
+	waitFor(t, ctx, "the stopped process's leases to expire by the database's clock", func() bool {
+		return env.leasesLeft(t, ctx) == 0
+	})
+	expired := time.Since(stopped)
+
+	// The other processes take every key and commit its order.
+	took := make(map[string]*reply, keys)
+	for _, key := range names {
+		for attempt := 0; ; attempt++ {
+			r := c.post(ctx, srvs, 1+attempt%2, key, fmt.Sprintf("%s/take/%d", key, attempt), false)
+			if r.err != nil || r.status != http.StatusConflict {
+				took[key] = r
+				break
+			}
+			if !sleep(ctx, 20*time.Millisecond) {
+				t.Fatalf("%s: still 409 after the lease: %v", key, r)
+			}
+		}
+	}
+	victim.signal(t, syscall.SIGCONT)
+	resumed = true
+	victim.control(t, "POST", "/gate/open")
+	late := make(map[string]*reply, keys)
+	for range keys {
+		select {
+		case r := <-held:
+			late[r.key] = r
+		case <-ctx.Done():
+			t.Fatalf("%d of the stopped process's %d requests answered: %v\n%s", len(late), keys, ctx.Err(), victim.output())
+		}
+	}
+	resumedFor := time.Since(stopped)
+
+	execs := env.executions(t, ctx, names)
+	bad := failures{t: t}
+	var refused int
+	for _, key := range names {
+		tk, lt, ex := took[key], late[key], execs[key]
+		switch {
+		case tk.err != nil || tk.status != http.StatusCreated || tk.replayed:
+			bad.add("%s: taken over: %v, want 201 executed", key, tk)
+		case len(ex) != 1:
+			bad.add("%s: %d orders, want 1: %v", key, len(ex), ex)
+		case ex[0].id() != tk.exec:
+			bad.add("%s: the order %v is not the one of the execution that took the key over, %v", key, ex[0], tk)
+		}
+		if lt.err == nil && lt.status == http.StatusConflict && lt.exec != "" && lt.exec != tk.exec {
+			refused++ // the stale handler's own 409: its fence found the lease lost
+		} else {
+			bad.add("%s: the stopped process's execution answered %v, want its 409 (lease lost)", key, lt)
+		}
+		// A retry now replays the execution that committed, on each process.
+		for srv := range srvs {
+			if r := c.post(ctx, srvs, srv, key, fmt.Sprintf("%s/after/%d", key, srv), false); !r.replayed || !r.sameResponse(tk) {
+				bad.add("%s: retry on process %d after the stale execution: %v, want a replay of %v", key, srv, r, tk)
+			}
+		}
+	}
+	bad.report("stale commits")
+	if st := env.states(t, ctx); st["done"] != keys || len(st) != 1 {
+		t.Errorf("entries by state %v, want %d done", st, keys)
+	}
+	figure(t, "lease %v, %d keys whose handlers were stopped (SIGSTOP) in their MariaDB transactions before sqlstore's fence: "+
+		"leases expired %v after the stop, other processes committed every key, the stopped process resumed %v after the stop; "+
+		"%d late fences refused, %d orders for %d keys",
+		lease, keys, ms(expired), ms(resumedFor), refused, countRows(execs), keys)
+}
+
+// TestMySQLRestartFailsClosed: under load on three processes, their
+// MariaDB is killed (SIGKILL of mariadbd: every connection breaks) and
+// restarted on the same port and data after at least 1.5 s and 100
+// answers. While it is down, every request gets 503 with Retry-After and
+// no order is committed; the processes recover without a restart; no key
+// gets a second order; every duplicate ends with its execution's
+// response, replayed byte for byte (or, for an execution whose COMMIT was
+// made durable as the server died but never acknowledged, the response
+// rebuilt from its order); and every key asked again after the restart is
+// replayed. The server writes its log at each commit
+// (innodb_flush_log_at_trx_commit=1, mysqltest.StartProc's), so an
+// acknowledged commit survives the kill. The outage, with InnoDB's crash
+// recovery, is meant to stay shorter than two thirds of the lease, the
+// least a lease has left between two renewals, so an execution that
+// finished while the database was down gets its record stored by the
+// middleware's retries once it is back.
+func TestMySQLRestartFailsClosed(t *testing.T) {
+	const (
+		lease      = 8 * time.Second
+		minOutage  = 1500 * time.Millisecond
+		minAnswers = 100 // to see during the outage before it ends
+		progress   = 200 // keys done before and after it
+	)
+	db := mysqltest.StartProc(t, mysqlSettings(t)...)
+	env := newMySQL(t, db.DSN())
+	ctx := deadline(t, 3*time.Minute)
+	srvs := startServers(t, 3, env.flags("-lease", lease.String(), "-delay", "2ms", "-rebuild")...)
+	c := newClient(t)
+	l := newLoad(c, srvs, loadConfig{prefix: "my-outage-", dups: 5, workers: 32,
+		backoff: 100 * time.Millisecond, maxAttempts: 2000})
+	l.start(t, ctx, 1_000_000)
+	begin := time.Now()
+	advance := func(what string) {
+		t.Helper()
+		mark := l.finished.Load()
+		waitFor(t, ctx, fmt.Sprintf("%d keys done %s", progress, what), func() bool { return l.finished.Load() >= mark+progress })
+	}
+
+	advance("before the crash")
+	down := outage{name: "down"}
+	// A request in flight from here on may have its COMMIT made durable
+	// by the kill without its answer; down.start, once Crash has
+	// returned, is when the database is surely gone.
+	crashed := time.Now()
+	db.Crash()
+	down.start = time.Now()
+	mark := l.answered.Load()
+	waitFor(t, ctx, "answers while MariaDB is down", func() bool {
+		return l.answered.Load() >= mark+minAnswers && time.Since(down.start) >= minOutage
+	})
+	down.end = time.Now()
+	db.Restart()
+	down.back = time.Now()
+	advance("after the restart")
+	l.stopFeeding()
+	l.wait(t, ctx)
+	elapsed := time.Since(begin)
+
+	replies := l.snapshot()
+	execs := env.executions(t, ctx, l.keys)
+	rids := map[string]bool{} // of requests whose order committed
+	for _, ex := range execs {
+		for _, e := range ex {
+			rids[e.rid] = true
+		}
+	}
+
+	// Every answer is 201, or a 409 or 503 with Retry-After. A refusal
+	// committed nothing, but for a request under way at the kill whose
+	// COMMIT became durable without its answer: its handler saw an error
+	// and answered 503.
+	bad := failures{t: t}
+	var ambiguous []string
+	for _, r := range replies {
+		switch {
+		case r.err != nil:
+			bad.add("%v", r)
+		case r.status == http.StatusCreated:
+		case r.status == http.StatusConflict || r.status == http.StatusServiceUnavailable:
+			if err := checkRetryAfter(r, lease); err != nil {
+				bad.add("%v", err)
+			}
+			switch {
+			case !rids[r.rid]:
+			case r.status == http.StatusServiceUnavailable && r.sent.Before(down.start) && !r.recv.Before(crashed):
+				ambiguous = append(ambiguous, r.key)
+			default:
+				bad.add("refused, but its order committed: %v", r)
+			}
+		default:
+			bad.add("unexpected answer %v", r)
+		}
+	}
+	bad.report("answers")
+
+	// Fail closed: what was sent and answered while the database was down
+	// is a 503, never an order.
+	oc := down.check(t, replies, "MariaDB was down")
+
+	// One order per key; every duplicate's final answer is the response
+	// of that order's execution: its own answer, or a replay of it byte
+	// for byte.
+	once := failures{t: t}
+	answer := map[string]*reply{} // per key, the answer that made or replayed its order's response
+	var executed int
+	for _, key := range l.keys {
+		ex := execs[key]
+		executed += len(ex)
+		if len(ex) != 1 {
+			once.add("%s: %d orders, want 1: %v", key, len(ex), ex)
+			continue
+		}
+		finals := l.finals[key]
+		if len(finals) != l.cfg.dups {
+			once.add("%s: %d final answers, want %d", key, len(finals), l.cfg.dups)
+			continue
+		}
+		var orig *reply // the executed answer, when one reached its client
+		for _, r := range finals {
+			switch {
+			case r.status != http.StatusCreated:
+				once.add("%s: final answer %v", key, r)
+			case r.exec != ex[0].id():
+				once.add("%s: answer %v is not from the order's execution %v", key, r, ex[0])
+			case r.replayed:
+			case r.rid != ex[0].rid || orig != nil:
+				once.add("%s: answer %v executed, but the order is of %v", key, r, ex[0])
+			default:
+				orig = r
+			}
+		}
+		ref := orig
+		if ref == nil {
+			ref = finals[0] // rebuilt: the execution's answer never reached its client
+		}
+		for _, r := range finals {
+			if !r.sameResponse(ref) {
+				once.add("%s: answer %v differs from %v", key, r, ref)
+			}
+		}
+		answer[key] = ref
+	}
+	once.report("orders")
+
+	// The records survived the restart: every key, asked once more,
+	// replays its answer and commits nothing.
+	checkAskedAgain(t, ctx, c, srvs, l.keys, answer, execs, func() map[string][]execution { return env.executions(t, ctx, l.keys) })
+	states := env.states(t, ctx)
+	if states["processing"] != 0 || states["done"]+states["committed"] != len(l.keys) || states["committed"] > len(ambiguous) {
+		t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
+	}
+
+	figure(t, "lease %v, 3 processes on MariaDB, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, %d answered 503; "+
+		"MariaDB down (SIGKILL, restart with crash recovery in %v) for %v: %d requests sent and answered meanwhile, %d of them 503 with Retry-After; "+
+		"after the restart: first success %v, last 503 %v; %d orders, one per key (%d committed as the server died, answered 503, "+
+		"then rebuilt); %d keys asked again: all replayed",
+		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
+		ms(down.back.Sub(down.end)), ms(down.end.Sub(down.start)), oc.n, oc.refused, ms(oc.firstOK), ms(oc.last503), executed,
+		len(ambiguous), len(l.keys))
 }
