@@ -393,10 +393,11 @@ func TestMySQLStaleCommitRefused(t *testing.T) {
 // one order per key, every key replayed when asked again (see
 // testRestartFailsClosed). Its server writes InnoDB's log at each commit
 // (innodb_flush_log_at_trx_commit=1, mysqltest.StartProc's), so an
-// acknowledged commit survives the kill; the lease, 8 s, leaves room for
-// InnoDB's crash recovery on a slow machine.
+// acknowledged commit survives the kill. The lease, 12 s, keeps the
+// outage (1.5 s, and the restart: up to 3 s seen with InnoDB's crash
+// recovery on the loaded 2-core machine) well within two thirds of it.
 func TestMySQLRestartFailsClosed(t *testing.T) {
 	db := mysqltest.StartProc(t, mysqlSettings(t)...)
 	testRestartFailsClosed(t, db, newMySQL(t, db.DSN()), faultConfig{name: "MariaDB", prefix: "my-outage-",
-		lease: 8 * time.Second, workers: 32, crash: "SIGKILL of mariadbd"})
+		lease: 12 * time.Second, workers: 32, crash: "SIGKILL of mariadbd"})
 }
