@@ -44,6 +44,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testproc"
 )
 
 // Environment variables read by [DSN].
@@ -148,18 +150,11 @@ func check(t testing.TB, err error) {
 }
 
 // M is what a TestMain runs: *testing.M, or another M wrapped.
-type M interface{ Run() int }
+type M = testproc.M
 
 // Wrap returns m with a Run that runs the tests and then stops the shared
 // server.
-func Wrap(m M) M { return wrapped{m} }
-
-type wrapped struct{ m M }
-
-func (w wrapped) Run() int {
-	defer stopShared()
-	return w.m.Run()
-}
+func Wrap(m M) M { return testproc.Wrap(m, stopShared) }
 
 func stopShared() {
 	shared.mu.Lock()
@@ -185,10 +180,7 @@ type server struct {
 // stop ends the server (SIGTERM, a clean shutdown; SIGKILL after ten
 // seconds), waits for it and removes its directory.
 func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	kill := time.AfterFunc(10*time.Second, func() { s.cmd.Process.Kill() })
-	s.cmd.Wait()
-	kill.Stop()
+	testproc.Stop(s.cmd, syscall.SIGTERM, 10*time.Second)
 	s.removeDir()
 }
 
@@ -220,7 +212,7 @@ func start(settings []string) (*server, error) {
 	if !ok1 || !ok2 {
 		return nil, errNotInstalled
 	}
-	sweep()
+	testproc.Sweep(dirPrefix)
 	dir, err := os.MkdirTemp("", dirPrefix+"*")
 	if err != nil {
 		return nil, err
@@ -229,7 +221,7 @@ func start(settings []string) (*server, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+	if err := testproc.WriteOwner(dir); err != nil {
 		return fail(err)
 	}
 	user := []string{}
@@ -253,19 +245,13 @@ func start(settings []string) (*server, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("mariadb-install-db in %s: %w; its output:\n%s", dir, err, out))
 	}
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return fail(err)
-		}
-		srv, err := startAt(mariadbd, dir, user, port, settings)
-		if err == nil {
-			return srv, nil
-		}
-		if attempt == 3 {
-			return fail(err)
-		}
+	srv, err := testproc.OnFreePort(3, func(port int) (*server, error) {
+		return startAt(mariadbd, dir, user, port, settings)
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return srv, nil
 }
 
 // startAt runs mariadbd on the data directory in dir, on the loopback
@@ -295,33 +281,13 @@ func startAt(mariadbd, dir string, user []string, port int, settings []string) (
 	if err := srv.cmd.Start(); err != nil {
 		return nil, err
 	}
-	if err := waitReady(srv, port, 60*time.Second); err != nil {
+	if err := testproc.WaitReady(srv.cmd, 60*time.Second, func() error { return greeting(port) }); err != nil {
 		srv.cmd.Process.Kill()
 		srv.cmd.Wait()
 		out, _ := os.ReadFile(logName)
 		return nil, fmt.Errorf("mariadbd on port %d: %w; its output:\n%s", port, err, out)
 	}
 	return srv, nil
-}
-
-// waitReady dials the port until the server sends its greeting (the
-// handshake packet, protocol version 10), the server exits, or timeout
-// passes.
-func waitReady(srv *server, port int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := greeting(port)
-		if err == nil {
-			return nil
-		}
-		if exited(srv.cmd) {
-			return fmt.Errorf("exited: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %v: %w", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond) // another process: nothing to wait on but time
-	}
 }
 
 // greeting reads the server's first packet on a new connection: a 4-byte
@@ -345,28 +311,3 @@ func greeting(port int) error {
 }
 
 func env() []string { return []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "LANG=C", "TZ=UTC"} }
-
-// sweep removes the directories of servers whose test binary is gone.
-func sweep() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "owner"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 || alive(pid) {
-			continue
-		}
-		os.RemoveAll(d)
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
