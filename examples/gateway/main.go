@@ -39,11 +39,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"os"
@@ -146,46 +144,11 @@ func newGateway(store storage.Store, target *url.URL) (http.Handler, *idem.Middl
 		},
 		// A round trip that fails answers 502: released when the request
 		// never went out (a retry tries the upstream again), kept as done
-		// when it did (see markSent).
-		Transport: markSent{http.DefaultTransport},
+		// when it did (see nethttp.ProxyTransport).
+		Transport: nethttp.ProxyTransport(nil),
 	}
 	return nethttp.Middleware(m)(proxy), m, nil
 }
-
-// markSent is a transport that marks the execution of the request it
-// proxies done (idem.MarkDone) when its round trip fails after the
-// request's headers were written: the upstream may have received it and
-// acted, so the 502 that follows must not release the key for a retry.
-// A failure before that (no connection, refused) leaves the key to be
-// released. The mark errs on the safe side: headers written into the
-// connection's buffer count, even if they never left it.
-type markSent struct{ next http.RoundTripper }
-
-func (t markSent) RoundTrip(req *http.Request) (*http.Response, error) {
-	var wrote atomic.Bool
-	trace := &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }}
-	out := req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
-	if info, _ := idem.FromContext(req.Context()); info.Protected && (out.Body == nil || out.Body == http.NoBody) {
-		// Go's transport takes a bodiless request that carries
-		// Idempotency-Key as safe to send again, and does so by itself
-		// when a reused connection closes before the answer: the upstream
-		// would get it twice. A body it cannot rewind (empty: sent as a
-		// chunked body of no bytes) makes it send a protected request
-		// once. Other requests keep the transport's own retry.
-		out.Body, out.ContentLength = emptyBody{}, 0
-	}
-	res, err := t.next.RoundTrip(out)
-	if err != nil && wrote.Load() {
-		idem.MarkDone(req.Context())
-	}
-	return res, err
-}
-
-// emptyBody is a request body of no bytes that is not http.NoBody.
-type emptyBody struct{}
-
-func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
-func (emptyBody) Close() error             { return nil }
 
 // countingUpstream answers every request with how many it has served.
 func countingUpstream() http.Handler {

@@ -1,0 +1,145 @@
+package main
+
+import "time"
+
+// Config is the gateway's configuration file. Every field is documented
+// by its doc tag, and its default, when it has one, by its default tag:
+// `idem-gateway -reference` prints them as the table in docs/gateway.md,
+// and a test keeps the two the same.
+type Config struct {
+	Instances int                  `yaml:"instances" default:"1" doc:"How many gateway processes share this file's store. The memory store keeps its records in one process, so it is refused when more than 1 is declared."`
+	Listen    []Listener           `yaml:"listen" doc:"The listeners that serve the routes: at least one."`
+	Admin     Admin                `yaml:"admin" doc:"The admin listener: /healthz, /readyz."`
+	Shutdown  time.Duration        `yaml:"shutdown_grace" default:"30s" doc:"On SIGTERM or SIGINT: how long the gateway waits for the requests in flight and their records before it exits anyway."`
+	Log       Log                  `yaml:"log" doc:"The log, JSON lines on standard error."`
+	Store     Store                `yaml:"store" doc:"Where the records live: exactly one of memory, redis and postgres."`
+	Upstreams map[string]*Upstream `yaml:"upstreams" doc:"The services behind the gateway, by name: at least one."`
+	Routes    []*Route             `yaml:"routes" doc:"What the gateway serves, matched as net/http's ServeMux matches patterns (the most specific wins); a request that matches none gets 404: at least one."`
+}
+
+// Listener is an address the gateway serves its routes on.
+type Listener struct {
+	Address           string        `yaml:"address" doc:"host:port to listen on (\":8080\", \"127.0.0.1:8443\"); required."`
+	TLS               *ServerTLS    `yaml:"tls" doc:"Serve HTTPS with this certificate; without it, plain HTTP."`
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout" default:"10s" doc:"How long a client may take to send a request's headers."`
+	IdleTimeout       time.Duration `yaml:"idle_timeout" default:"2m" doc:"How long a keep-alive connection may wait for its next request."`
+}
+
+// ServerTLS is a listener's certificate.
+type ServerTLS struct {
+	Cert string `yaml:"cert" doc:"PEM certificate chain file; required with tls."`
+	Key  string `yaml:"key" doc:"PEM private key file; required with tls."`
+}
+
+// Admin is the operator's listener.
+type Admin struct {
+	Address string `yaml:"address" doc:"host:port of the admin listener (/healthz: the process runs; /readyz: the configuration is loaded and the store answers; /metrics: Prometheus). Keep it off the public network. Empty: no admin listener."`
+}
+
+// Log is the log's settings.
+type Log struct {
+	Level string `yaml:"level" default:"info" doc:"debug, info, warn or error. The log never holds a key, a scope or a body."`
+}
+
+// Store is where the records live: exactly one of its fields.
+type Store struct {
+	Memory   *MemoryStore   `yaml:"memory" doc:"This process's memory: for one instance; records are lost when it stops."`
+	Redis    *RedisStore    `yaml:"redis" doc:"Redis (or Valkey): a single server, a Cluster or a Sentinel group."`
+	Postgres *PostgresStore `yaml:"postgres" doc:"A PostgreSQL table (pgstore)."`
+}
+
+// MemoryStore is the memory store's settings.
+type MemoryStore struct {
+	MaxEntries int `yaml:"max_entries" default:"0" doc:"The most records kept; 0: no bound. When full, new keys get 503."`
+}
+
+// RedisStore is the Redis store's settings.
+type RedisStore struct {
+	Client         string        `yaml:"client" default:"rueidis" doc:"The client library: rueidis (pipelining, the faster) or go-redis."`
+	Addrs          []string      `yaml:"addrs" doc:"host:port of the server; of some Cluster nodes with cluster; of the Sentinels with sentinel_master. Required."`
+	Cluster        bool          `yaml:"cluster" doc:"The addresses are nodes of a Redis Cluster."`
+	SentinelMaster string        `yaml:"sentinel_master" doc:"The addresses are Sentinels, and this is the name of the master they watch."`
+	Username       string        `yaml:"username" doc:"ACL user name."`
+	PasswordFile   string        `yaml:"password_file" doc:"File holding the password (trailing newline ignored). Never write the password in this file."`
+	PasswordEnv    string        `yaml:"password_env" doc:"Environment variable holding the password; exclusive with password_file."`
+	DB             int           `yaml:"db" default:"0" doc:"Database number (not with cluster)."`
+	TLS            *ClientTLS    `yaml:"tls" doc:"Connect with TLS."`
+	Prefix         string        `yaml:"prefix" default:"idem:" doc:"Prefix of the record keys."`
+	Timeout        time.Duration `yaml:"timeout" default:"250ms" doc:"Bound of each store call's dial, read and write: a store that stops answering gets requests 503 after about this long, not a hang."`
+}
+
+// ClientTLS is how the gateway verifies a server it connects to.
+type ClientTLS struct {
+	CAFile     string `yaml:"ca_file" doc:"PEM file of the CAs to trust; empty: the system's."`
+	ServerName string `yaml:"server_name" doc:"Name to verify the server's certificate against; empty: the address's host."`
+}
+
+// PostgresStore is the PostgreSQL store's settings.
+type PostgresStore struct {
+	DSN         string `yaml:"dsn" doc:"Connection string without a password (postgres://user@host/db, or key=value); with a password use dsn_file or dsn_env. Exactly one of the three."`
+	DSNFile     string `yaml:"dsn_file" doc:"File holding the connection string."`
+	DSNEnv      string `yaml:"dsn_env" doc:"Environment variable holding the connection string."`
+	Table       string `yaml:"table" default:"idem_keys" doc:"The table (optionally schema-qualified); created at start when missing."`
+	CreateTable bool   `yaml:"create_table" default:"true" doc:"Create the table at start when it is missing; false for those who migrate with their own tools (pgstore.Schema prints the SQL)."`
+	MaxConns    int    `yaml:"max_conns" default:"0" doc:"The pool's most connections; 0: pgx's default."`
+}
+
+// Upstream is a service behind the gateway.
+type Upstream struct {
+	URL                   string        `yaml:"url" doc:"Base URL: http://host:port (or https://); a path is prefixed to every request's. Required."`
+	H2C                   bool          `yaml:"h2c" doc:"Speak HTTP/2 without TLS (prior knowledge) to an http:// upstream."`
+	Timeout               time.Duration `yaml:"timeout" default:"60s" doc:"Bound of a whole upstream call, from the request sent to the response's last byte; 0: none. A protected request's call goes on when its client leaves (its retry gets the stored response), until this bound: past it the client gets 502 and retries get 409, never a second call."`
+	DialTimeout           time.Duration `yaml:"dial_timeout" default:"5s" doc:"Bound of a connection's dial."`
+	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout" default:"0s" doc:"How long the upstream may take to answer's headers; 0: no bound (the request's context, and the lease renewed meanwhile). Past it the client gets 502 and the key stays done: retries get 409, never a second call."`
+	IdleConnTimeout       time.Duration `yaml:"idle_conn_timeout" default:"90s" doc:"How long an idle connection to the upstream is kept."`
+	MaxConns              int           `yaml:"max_conns" default:"0" doc:"The most connections to the upstream (dialing, active and idle); 0: no bound."`
+	MaxIdleConns          int           `yaml:"max_idle_conns" default:"100" doc:"The most idle connections kept to the upstream."`
+}
+
+// Route is what the gateway does with the requests that match a pattern.
+type Route struct {
+	Match           string        `yaml:"match" doc:"A net/http ServeMux pattern: [METHOD ][HOST]/[PATH], as \"POST api.example.com/orders/{id}\" or \"/\"; required, unique. The pattern scopes the records: changing it starts new records."`
+	Upstream        string        `yaml:"upstream" doc:"The name of the upstream that serves the route; required."`
+	Protect         []string      `yaml:"protect" default:"[POST, PATCH]" doc:"The methods made idempotent; others pass through untouched. [] protects nothing: a plain proxy route (WebSocket, SSE, GET), which needs no scope."`
+	Key             Key           `yaml:"key" doc:"Where a request's idempotency key is: exactly one of header, json and form; default the Idempotency-Key header."`
+	RequireKey      bool          `yaml:"require_key" doc:"A protected request without a key gets 400 instead of passing through unprotected. Implied by json and form keys."`
+	Scope           *Scope        `yaml:"scope" doc:"Whose records a request reads and writes: exactly one of header, authorization and none; required when the route protects a method."`
+	Lease           time.Duration `yaml:"lease" default:"30s" doc:"How long a request in flight holds its key without being renewed; renewed while the upstream works. A gateway that dies frees its keys after at most this long."`
+	TTL             time.Duration `yaml:"ttl" default:"24h" doc:"How long a response is kept for retries; at least the lease."`
+	Wait            time.Duration `yaml:"wait" default:"0s" doc:"How long a duplicate waits for the first request's answer before it gets 409 with Retry-After; 0: 409 at once."`
+	MaxRequestBody  int64         `yaml:"max_request_body" default:"1048576" doc:"The largest protected request body, in bytes (413 beyond)."`
+	MaxResponseBody int           `yaml:"max_response_body" default:"1048576" doc:"The largest response kept for replay, in bytes; a larger one is passed on, and its retries get 409."`
+	Cacheable       []string      `yaml:"cacheable" doc:"The statuses whose responses are kept, as codes and ranges (\"200-299\", \"409\"); others release the key for a retry. Default: every status below 500."`
+	Fingerprint     *bool         `yaml:"fingerprint" doc:"A retry must be the same request (method, path, query, Content-Type, body) or it gets 422. Default true with a header key, false with json or form keys (a provider's redelivery may differ in a timestamp)."`
+}
+
+// Key says where the idempotency key is.
+type Key struct {
+	Header string `yaml:"header" doc:"A header holding the key, as the IETF draft's Idempotency-Key (an RFC 8941 string or token)."`
+	JSON   string `yaml:"json" doc:"A dotted path of object members in a JSON body (\"id\", \"data.object.id\"), as a payment provider's callback carries its event id."`
+	Form   string `yaml:"form" doc:"A form field of an application/x-www-form-urlencoded body (\"trade_no\"); several fields joined with commas."`
+}
+
+// Scope says whose records a request reads and writes. A request reads
+// only the records of its own scope.
+type Scope struct {
+	Header        string    `yaml:"header" doc:"A header that the authentication proxy in front sets to the principal (X-Auth-Subject); requests without it get 401. The proxy in front must overwrite it: a client that can set it can read another's records."`
+	Authorization bool      `yaml:"authorization" doc:"The Authorization header, whole: for credentials that never change between retries (static API keys, Basic)."`
+	None          bool      `yaml:"none" doc:"Every request shares one scope: for routes without principals (a provider's callbacks keyed by its event ids)."`
+	JWT           *JWTScope `yaml:"jwt" doc:"The principal is a claim of a JSON Web Token (Authorization: Bearer) that the gateway verifies: with an HMAC secret, or the public keys of a JWKS (a file or a URL). A protected request without a valid token gets 401."`
+}
+
+// JWTScope is how the gateway verifies a bearer token and which of its
+// claims names the principal.
+type JWTScope struct {
+	Claim          string        `yaml:"claim" default:"sub" doc:"The claim that names the principal: a non-empty string."`
+	HMACSecretFile string        `yaml:"hmac_secret_file" doc:"File holding the shared secret of HS256, HS384 and HS512 tokens (trailing newline ignored; at least 32 bytes)."`
+	HMACSecretEnv  string        `yaml:"hmac_secret_env" doc:"Environment variable holding the shared secret; exclusive with hmac_secret_file."`
+	JWKSFile       string        `yaml:"jwks_file" doc:"File holding a JSON Web Key Set (RSA, EC P-256/P-384, Ed25519 public keys), read at start and at each reload."`
+	JWKSURL        string        `yaml:"jwks_url" doc:"URL of a JSON Web Key Set (https, or http on a loopback address), fetched at start and every jwks_refresh, and when a token names an unknown kid (at most once a minute)."`
+	JWKSRefresh    time.Duration `yaml:"jwks_refresh" default:"5m" doc:"How often jwks_url is fetched again."`
+	Issuer         string        `yaml:"issuer" doc:"The iss a token must carry; empty: not checked."`
+	Audience       string        `yaml:"audience" doc:"A value the token's aud must hold; empty: not checked."`
+	Algorithms     []string      `yaml:"algorithms" doc:"The alg values accepted (HS256, RS256, PS256, ES256, EdDSA, ...); default every one the keys allow. none is never accepted."`
+	Leeway         time.Duration `yaml:"leeway" default:"30s" doc:"Clock skew allowed on exp and nbf."`
+}
