@@ -258,6 +258,10 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Execution", strconv.Itoa(n))
+	if s, err := strconv.Atoi(r.Header.Get("X-Upstream-Status")); err == nil {
+		w.WriteHeader(s) // the client asks for a status
+		return
+	}
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"execution":%d,"method":%q,"path":%q,"body":%q}`+"\n", n, r.Method, r.URL.Path, body)
 }
@@ -310,6 +314,26 @@ func post(ctx context.Context, client *http.Client, url, key, body string, heade
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
 	return answer{status: res.StatusCode, header: res.Header, body: string(b), replayed: res.Header.Get("Idempotent-Replayed") == "true", err: err}
+}
+
+// settled is post for a retry that expects the stored response: the
+// middleware stores a record just after its response went out, so a
+// client that retries at once may find the execution still in flight and
+// get 409 (ErrConflict); it then retries, as a client told Retry-After
+// would, a little sooner.
+func settled(ctx context.Context, client *http.Client, url, key, body string, header ...string) answer {
+	for {
+		a := post(ctx, client, url, key, body, header...)
+		if !inFlight(a) || ctx.Err() != nil {
+			return a
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// inFlight reports whether a is the 409 of an execution in flight.
+func inFlight(a answer) bool {
+	return a.err == nil && a.status == http.StatusConflict && strings.Contains(a.body, "#ErrConflict")
 }
 
 // memoryConfig is a one-instance gateway in front of up.

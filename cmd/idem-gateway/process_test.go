@@ -34,7 +34,7 @@ func TestProcessReplay(t *testing.T) {
 	c := &http.Client{}
 
 	first := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
-	again := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
+	again := settled(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
 	if first.status != http.StatusCreated || first.replayed || !again.replayed || again.body != first.body ||
 		again.header.Get("X-Execution") != first.header.Get("X-Execution") {
 		t.Fatalf("first %v, retry %v: want 201 then the same bytes replayed", first, again)
@@ -114,7 +114,7 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 	if first.status != http.StatusCreated || first.replayed {
 		t.Fatalf("the first: %v", first)
 	}
-	if again := post(ctx, c, gw.url("/pay"), "dup", `{"amount":10}`); !again.replayed || again.body != first.body {
+	if again := settled(ctx, c, gw.url("/pay"), "dup", `{"amount":10}`); !again.replayed || again.body != first.body {
 		t.Fatalf("retry: %v, want %v replayed", again, first)
 	}
 	if r := up.ran("dup"); r != 1 {
@@ -173,7 +173,7 @@ func TestProcessClientLeavesMidBody(t *testing.T) {
 	}
 	c := &http.Client{}
 	first := post(ctx, c, gw.url("/orders"), "half", `{"item":"book"}`)
-	again := post(ctx, c, gw.url("/orders"), "half", `{"item":"book"}`)
+	again := settled(ctx, c, gw.url("/orders"), "half", `{"item":"book"}`)
 	if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran("half") != 1 {
 		t.Fatalf("after the cut: %v then %v, upstream ran %d times", first, again, up.ran("half"))
 	}
@@ -296,7 +296,7 @@ func TestProcessSIGTERM(t *testing.T) {
 		t.Fatalf("exit code %d", code)
 	}
 	other := startGateway(t, redisConfig(up, addr, "go-redis", ""))
-	if r := post(ctx, c, other.url("/orders"), "term", `{}`, "X-User", "alice"); !r.replayed || r.body != a.body {
+	if r := settled(ctx, c, other.url("/orders"), "term", `{}`, "X-User", "alice"); !r.replayed || r.body != a.body {
 		t.Fatalf("retry on another gateway: %v, want %v replayed", r, a)
 	}
 }
@@ -501,7 +501,7 @@ func TestProcessExampleConfig(t *testing.T) {
 	ctx := deadline(t, time.Minute)
 	c := &http.Client{}
 	first := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
-	again := post(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
+	again := settled(ctx, c, gw.url("/orders"), "k1", `{"item":"book"}`)
 	if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran("k1") != 1 {
 		t.Fatalf("%v then %v; the upstream ran %d times", first, again, up.ran("k1"))
 	}
@@ -536,7 +536,7 @@ routes:
 	ctx := deadline(t, time.Minute)
 	c := &http.Client{}
 	first := post(ctx, c, a.url("/orders"), "pg", `{}`)
-	again := post(ctx, c, b.url("/orders"), "pg", `{}`)
+	again := settled(ctx, c, b.url("/orders"), "pg", `{}`)
 	if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran("pg") != 1 {
 		t.Fatalf("%v then %v; the upstream ran %d times", first, again, up.ran("pg"))
 	}
@@ -564,8 +564,8 @@ func TestProcessKilled(t *testing.T) {
 	c := &http.Client{}
 
 	done := post(ctx, c, a.url("/orders"), "stored", `{}`, "X-User", "u")
-	if done.status != http.StatusCreated {
-		t.Fatalf("first: %v", done)
+	if r := settled(ctx, c, a.url("/orders"), "stored", `{}`, "X-User", "u"); done.status != http.StatusCreated || !r.replayed {
+		t.Fatalf("first: %v, then %v", done, r)
 	}
 
 	up.mu.Lock()
@@ -582,7 +582,7 @@ func TestProcessKilled(t *testing.T) {
 	}
 	close(up.gate) // the upstream finishes its first call, for nobody
 
-	if r := post(ctx, c, b.url("/orders"), "stored", `{}`, "X-User", "u"); !r.replayed || r.body != done.body {
+	if r := settled(ctx, c, b.url("/orders"), "stored", `{}`, "X-User", "u"); !r.replayed || r.body != done.body {
 		t.Fatalf("retry of a stored response after the kill: %v, want %v replayed", r, done)
 	}
 	var conflicts int
