@@ -81,8 +81,8 @@ const (
 	// driver, github.com/jackc/pgx/v5/stdlib v5.12 (issue 29), allocations
 	// over the bare handler: no budget either, the levels measured when
 	// it joined the benchmarks, with two of headroom, held as ceilings.
-	// Measured in 6 runs of the package: first 131 to 133; replay 43,
-	// 46, 47 and conflict 47, 50, 51 (nethttp, gin, echo) in every run;
+	// Measured in 6 runs of the package: first 131 to 133; replay 46,
+	// 43, 47 and conflict 50, 47, 51 (nethttp, gin, echo) in every run;
 	// passthrough 0, 0, 1 (Echo's). The same four statements as on
 	// MariaDB, each through database/sql's prepared-statement path and
 	// pgx's driver (not profiled further): about half as many again as
