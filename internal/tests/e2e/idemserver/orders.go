@@ -26,7 +26,7 @@ import (
 // in pgstore's table and POST /orders is an order service whose business
 // row and fence share one transaction.
 //
-//	idemserver -pg DSN [-pg-table idem_keys] [-orders-table orders] [-pg-conns 16]
+//	idemserver -pg DSN [-pg-store pgstore|sqlstore] [-pg-table idem_keys] [-orders-table orders] [-pg-conns 16]
 //	           [-gate-at before-fence|after-commit] [-rebuild] [-no-fence]
 //
 // The handler, in one transaction begun with the request's context,
@@ -60,9 +60,9 @@ import (
 // connections).
 //
 // With -mysql DSN instead (a go-sql-driver/mysql DSN naming the database),
-// the same service runs on MySQL or MariaDB through database/sql as
-// sqlstore's PostgreSQL mode does: records in sqlstore's table
-// (-mysql-table, sqlstore.MySQL), the orders table with `key` quoted.
+// the same service runs on MySQL or MariaDB through database/sql, as with
+// -pg-store sqlstore: records in sqlstore's table (-mysql-table,
+// sqlstore.MySQL), the orders table's id an AUTO_INCREMENT.
 type pgFlags struct {
 	dsn, table, orders string
 	pgStore            string

@@ -49,7 +49,11 @@ func (f *pgFlags) openSQLPG(g *gate, delay time.Duration) (*orders, error) {
 	}
 	t := quotePG(f.orders)
 	// The order's id comes back with RETURNING: pgx's driver has no
-	// LastInsertId.
+	// LastInsertId. A connection that a restarted server broke is found
+	// when it was idle for a second (the driver pings it before reuse),
+	// else by the statement that fails on it (a 503), and then dropped:
+	// database/sql has no periodic health check like the pgx pool of
+	// -pg-store pgstore.
 	return f.openSQL(g, delay, stdlib.OpenDB(*cfg), sqlstore.PostgreSQL, f.table, quotePG, sqlStmts{
 		insert:    "INSERT INTO " + t + " (key, exec, pid, seq, rid, owner, at_ns) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
 		returning: true,
