@@ -37,7 +37,9 @@
 // private server from internal/pgtest): the handler commits an order row
 // and idem's fence in one transaction, and the tests count order rows per
 // key, with three processes, a process killed after its commits, one
-// stopped past its leases, and the database crashed under load.
+// stopped past its leases, and the database crashed under load. Each runs
+// twice, as the subtests pgstore (pgx) and sqlstore (idemserver -pg-store
+// sqlstore: database/sql, pgx's stdlib driver and sqlstore.PostgreSQL).
 // mysql_test.go runs them on MariaDB (idemserver -mysql: database/sql,
 // go-sql-driver/mysql and sqlstore.MySQL, the server from
 // internal/mysqltest, IDEM_REQUIRE_MYSQL=1): three processes, a process

@@ -17,39 +17,78 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/tests/pgxtest"
 	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
+// pgStores are the records' stores of the PostgreSQL tests' servers
+// (idemserver -pg-store): pgstore through pgx, and sqlstore's PostgreSQL
+// dialect through database/sql and pgx's driver.
+var pgStores = []string{"pgstore", "sqlstore"}
+
+// onPGStores runs test on each of pgStores, as a subtest of its name.
+func onPGStores(t *testing.T, test func(t *testing.T, store string)) {
+	for _, store := range pgStores {
+		t.Run(store, func(t *testing.T) { test(t, store) })
+	}
+}
+
 // pgEnv is the database of the PostgreSQL tests' servers (idemserver -pg):
-// pgstore's table and the orders table, both of the test's own, created
-// before the servers start and dropped when the test ends.
+// the records' table (pgstore's or sqlstore's) and the orders table, both
+// of the test's own, created before the servers start and dropped when
+// the test ends.
 type pgEnv struct {
 	pool          *pgxpool.Pool // the test's own
 	dsn           string
+	store         string // of pgStores
 	table, orders string // as names
 	idemT, ordT   string // sanitized
+	// now is the database's clock as the records' table keeps its times:
+	// a timestamptz in pgstore's, microseconds since the Unix epoch (a
+	// bigint) in sqlstore's.
+	now string
 }
 
-// newPG creates the tables on the server of dsn.
-func newPG(t testing.TB, dsn string) *pgEnv {
+// newPG creates the tables on the server of dsn, the records' table of
+// store (one of pgStores).
+func newPG(t testing.TB, dsn, store string) *pgEnv {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close) // after the tables are dropped
-	e := &pgEnv{pool: pool, dsn: dsn, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
+	e := &pgEnv{pool: pool, dsn: dsn, store: store, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
 	e.idemT, e.ordT = pgx.Identifier{e.table}.Sanitize(), pgx.Identifier{e.orders}.Sanitize()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := pgstore.New(pool, pgstore.WithTable(e.table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.CreateTable(ctx); err != nil {
-		t.Fatal(err)
+	switch store {
+	case "pgstore":
+		e.now = "clock_timestamp()"
+		st, err := pgstore.New(pool, pgstore.WithTable(e.table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if err := st.CreateTable(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case "sqlstore":
+		e.now = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+		db := stdlib.OpenDBFromPool(pool)
+		defer db.Close()
+		st, err := sqlstore.New(db, sqlstore.PostgreSQL, sqlstore.WithTable(e.table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if err := st.CreateTable(ctx); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("no PostgreSQL store %q", store)
 	}
 	// No unique constraint on the key: nothing but idem keeps a key from
 	// committing twice.
@@ -64,7 +103,7 @@ func newPG(t testing.TB, dsn string) *pgEnv {
 
 // flags are the idemserver flags of the database.
 func (e *pgEnv) flags(more ...string) []string {
-	return append([]string{"-pg", e.dsn, "-pg-table", e.table, "-orders-table", e.orders}, more...)
+	return append([]string{"-pg", e.dsn, "-pg-store", e.store, "-pg-table", e.table, "-orders-table", e.orders}, more...)
 }
 
 // executions returns the order rows of keys, as executions: each row is
@@ -98,7 +137,7 @@ func (e *pgEnv) executions(t testing.TB, ctx context.Context, keys []string) map
 	return out
 }
 
-// states counts pgstore's entries by state.
+// states counts the records' entries by state.
 func (e *pgEnv) states(t testing.TB, ctx context.Context) map[string]int {
 	t.Helper()
 	rows, err := e.pool.Query(ctx, "SELECT state, count(*) FROM "+e.idemT+" GROUP BY state")
@@ -125,19 +164,38 @@ func (e *pgEnv) states(t testing.TB, ctx context.Context) map[string]int {
 func (e *pgEnv) leasesLeft(t testing.TB, ctx context.Context) int {
 	t.Helper()
 	var n int
-	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.idemT+" WHERE state = 'processing' AND expires > now()").Scan(&n); err != nil {
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.idemT+" WHERE state = 'processing' AND expires > "+e.now).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// secondsLeft is the SQL of the seconds from the database's clock to
+// the time at, an expression of the records' table's times.
+func (e *pgEnv) secondsLeft(at string) string {
+	if e.store == "sqlstore" {
+		return "((" + at + ") - " + e.now + ") / 1e6"
+	}
+	return "extract(epoch FROM (" + at + ") - " + e.now + ")"
+}
+
+// heldAny is the SQL of the number of entries held in flight, by the
+// database's clock: in processing with their lease running, or
+// committed within the lease of the execution that committed.
+func (e *pgEnv) heldAny() string {
+	return "SELECT count(*) FROM " + e.idemT + " WHERE held_until > " + e.now +
+		" OR state = 'processing' AND expires > " + e.now
 }
 
 // TestPGExactlyOnceAcrossProcesses: three processes share one PostgreSQL;
 // every key is sent as concurrent duplicates spread across them. Each
 // key's order is committed exactly once (one business row), and every
 // other duplicate gets that execution's response back byte for byte.
-func TestPGExactlyOnceAcrossProcesses(t *testing.T) {
+func TestPGExactlyOnceAcrossProcesses(t *testing.T) { onPGStores(t, testPGExactlyOnceAcrossProcesses) }
+
+func testPGExactlyOnceAcrossProcesses(t *testing.T, store string) {
 	const lease = 5 * time.Second
-	env := newPG(t, pgtest.DSN(t))
+	env := newPG(t, pgtest.DSN(t), store)
 	keys := envInt(t, "IDEM_E2E_KEYS", 2000)
 	dups := envInt(t, "IDEM_E2E_DUPS", 5)
 	workers := envInt(t, "IDEM_E2E_WORKERS", 64)
@@ -176,12 +234,14 @@ func TestPGExactlyOnceAcrossProcesses(t *testing.T) {
 // its responses); once they have run out, one process answers the
 // documented 409 ErrNotReplayable, the other (idem.WithRebuild) the
 // response rebuilt from the order row.
-func TestPGKilledAfterCommit(t *testing.T) {
+func TestPGKilledAfterCommit(t *testing.T) { onPGStores(t, testPGKilledAfterCommit) }
+
+func testPGKilledAfterCommit(t *testing.T, store string) {
 	const (
 		lease = 1500 * time.Millisecond
 		keys  = 200
 	)
-	env := newPG(t, pgtest.DSN(t))
+	env := newPG(t, pgtest.DSN(t), store)
 	ctx := deadline(t, 2*time.Minute)
 	base := slices.Clip(env.flags("-lease", lease.String()))
 	srvs := startEach(t, append(base, "-gate-at", "after-commit"), base, append(base, "-rebuild"))
@@ -213,7 +273,7 @@ func TestPGKilledAfterCommit(t *testing.T) {
 	// The leases ran from the last renewal: the first runs out this long
 	// after the kill, by the database's clock.
 	var minLeft float64
-	if err := env.pool.QueryRow(ctx, "SELECT coalesce(extract(epoch FROM min(coalesce(held_until, expires)) - clock_timestamp()), 0)::float8 FROM "+
+	if err := env.pool.QueryRow(ctx, "SELECT coalesce("+env.secondsLeft("min(coalesce(held_until, expires))")+", 0)::float8 FROM "+
 		env.idemT+" WHERE state <> 'done'").Scan(&minLeft); err != nil {
 		t.Fatal(err)
 	}
@@ -227,6 +287,9 @@ func TestPGKilledAfterCommit(t *testing.T) {
 		if len(before[key]) != 1 {
 			t.Fatalf("%s: %d orders before the kill, want 1", key, len(before[key]))
 		}
+	}
+	if states["committed"] != keys {
+		t.Errorf("entries at the kill %v, want %d committed", states, keys)
 	}
 	t.Logf("entries at the kill: %v", states)
 
@@ -250,8 +313,7 @@ func TestPGKilledAfterCommit(t *testing.T) {
 	}
 	waitFor(t, ctx, "the killed process's leases to run out by the database's clock", func() bool {
 		var n int
-		err := env.pool.QueryRow(ctx, "SELECT count(*) FROM "+env.idemT+
-			" WHERE held_until > clock_timestamp() OR state = 'processing' AND expires > clock_timestamp()").Scan(&n)
+		err := env.pool.QueryRow(ctx, env.heldAny()).Scan(&n)
 		return err == nil && n == 0
 	})
 	rebuilds := map[string]*reply{}
@@ -300,12 +362,14 @@ func TestPGKilledAfterCommit(t *testing.T) {
 // commit their orders. When the stopped process goes on, every fence finds
 // its lease lost and the late transaction rolls back: one order per key,
 // the one whose response the retries get.
-func TestPGStaleCommitRefused(t *testing.T) {
+func TestPGStaleCommitRefused(t *testing.T) { onPGStores(t, testPGStaleCommitRefused) }
+
+func testPGStaleCommitRefused(t *testing.T, store string) {
 	const (
 		lease = 1500 * time.Millisecond
 		keys  = 50
 	)
-	env := newPG(t, pgtest.DSN(t))
+	env := newPG(t, pgtest.DSN(t), store)
 	ctx := deadline(t, 2*time.Minute)
 	base := slices.Clip(env.flags("-lease", lease.String()))
 	// The stopped process's handlers each hold a connection in their
@@ -420,7 +484,9 @@ func (s *server) signal(t testing.TB, sig syscall.Signal) {
 // a lease has left between two renewals, so an execution that finished
 // while the database was down gets its record stored by the middleware's
 // retries once it is back.
-func TestPGRestartFailsClosed(t *testing.T) {
+func TestPGRestartFailsClosed(t *testing.T) { onPGStores(t, testPGRestartFailsClosed) }
+
+func testPGRestartFailsClosed(t *testing.T, store string) {
 	const (
 		lease      = 6 * time.Second
 		minOutage  = 1500 * time.Millisecond
@@ -434,7 +500,7 @@ func TestPGRestartFailsClosed(t *testing.T) {
 		t.Logf("IDEM_E2E_PG_SETTINGS: %v", settings)
 	}
 	db := pgtest.StartProc(t, settings...)
-	env := newPG(t, db.DSN())
+	env := newPG(t, db.DSN(), store)
 	ctx := deadline(t, 3*time.Minute)
 	srvs := startServers(t, 3, env.flags("-lease", lease.String(), "-delay", "2ms", "-rebuild")...)
 	c := newClient(t)
