@@ -126,20 +126,20 @@ type Scope struct {
 	Header        string    `yaml:"header" doc:"A header that the authentication proxy in front sets to the principal (X-Auth-Subject); requests without it get 401. The proxy in front must overwrite it: a client that can set it can read another's records."`
 	Authorization bool      `yaml:"authorization" doc:"The Authorization header, whole: for credentials that never change between retries (static API keys, Basic)."`
 	None          bool      `yaml:"none" doc:"Every request shares one scope: for routes without principals (a provider's callbacks keyed by its event ids)."`
-	JWT           *JWTScope `yaml:"jwt" doc:"The principal is a claim of a JSON Web Token (Authorization: Bearer) that the gateway verifies: with an HMAC secret, or the public keys of a JWKS (a file or a URL). A protected request without a valid token gets 401."`
+	JWT           *JWTScope `yaml:"jwt" doc:"The principal is a claim of a JSON Web Token (Authorization: Bearer) that the gateway verifies: with an HMAC secret, or the public keys of a JWKS (a file or a URL). A protected request without a valid token gets 401. A client whose token is refreshed between two attempts stays in its scope."`
 }
 
 // JWTScope is how the gateway verifies a bearer token and which of its
 // claims names the principal.
 type JWTScope struct {
 	Claim          string        `yaml:"claim" default:"sub" doc:"The claim that names the principal: a non-empty string."`
-	HMACSecretFile string        `yaml:"hmac_secret_file" doc:"File holding the shared secret of HS256, HS384 and HS512 tokens (trailing newline ignored; at least 32 bytes)."`
+	HMACSecretFile string        `yaml:"hmac_secret_file" doc:"File holding the shared secret of HS256, HS384 and HS512 tokens (trailing newline ignored): at least 32 bytes, and 48 for HS384, 64 for HS512 (RFC 7518)."`
 	HMACSecretEnv  string        `yaml:"hmac_secret_env" doc:"Environment variable holding the shared secret; exclusive with hmac_secret_file."`
-	JWKSFile       string        `yaml:"jwks_file" doc:"File holding a JSON Web Key Set (RSA, EC P-256/P-384, Ed25519 public keys), read at start and at each reload."`
+	JWKSFile       string        `yaml:"jwks_file" doc:"File holding a JSON Web Key Set (RSA of 2048 bits or more, EC P-256/P-384/P-521, Ed25519 public keys), read at start and at each reload."`
 	JWKSURL        string        `yaml:"jwks_url" doc:"URL of a JSON Web Key Set (https, or http on a loopback address), fetched at start and every jwks_refresh, and when a token names an unknown kid (at most once a minute)."`
 	JWKSRefresh    time.Duration `yaml:"jwks_refresh" default:"5m" doc:"How often jwks_url is fetched again."`
 	Issuer         string        `yaml:"issuer" doc:"The iss a token must carry; empty: not checked."`
 	Audience       string        `yaml:"audience" doc:"A value the token's aud must hold; empty: not checked."`
 	Algorithms     []string      `yaml:"algorithms" doc:"The alg values accepted (HS256, RS256, PS256, ES256, EdDSA, ...); default every one the keys allow. none is never accepted."`
-	Leeway         time.Duration `yaml:"leeway" default:"30s" doc:"Clock skew allowed on exp and nbf."`
+	Leeway         time.Duration `yaml:"leeway" default:"30s" doc:"Clock skew allowed on exp, nbf and iat."`
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -103,10 +104,12 @@ type routes struct {
 	middlewares []*idem.Middleware
 	unwatch     []func() // stops idemotel's count of a middleware's executions
 	transports  []*http.Transport
+	verifiers   []*jwtVerifier
 }
 
 // buildRoutes builds the handler of c's routes on store, reported to tel.
-func buildRoutes(c *Config, store storage.Store, tel *idemotel.Telemetry, log *slog.Logger) (*routes, error) {
+// ctx bounds the first fetch of a route's jwks_url.
+func buildRoutes(ctx context.Context, c *Config, store storage.Store, tel *idemotel.Telemetry, log *slog.Logger) (*routes, error) {
 	rs := &routes{mux: http.NewServeMux()}
 	transports := map[string]*http.Transport{} // one pool of connections an upstream
 	for _, name := range sortedKeys(c.Upstreams) {
@@ -131,8 +134,20 @@ func buildRoutes(c *Config, store storage.Store, tel *idemotel.Telemetry, log *s
 		rs.middlewares = append(rs.middlewares, m)
 		rs.unwatch = append(rs.unwatch, tel.Watch(m))
 		h := nethttp.Middleware(m)(p)
-		if r.Scope != nil && r.Scope.Header != "" {
+		switch {
+		case r.Scope != nil && r.Scope.Header != "":
 			h = requireScope(r.Scope.Header, protects(r), h)
+		case r.Scope != nil && r.Scope.JWT != nil:
+			v, err := newJWTVerifier(ctx, r.Scope.JWT, nil)
+			if err != nil {
+				rs.close(context.Background())
+				return nil, fmt.Errorf("routes[%d].scope.jwt: %w", i, err)
+			}
+			v.OnRefreshError(func(err error) {
+				log.Warn("jwks_url refresh failed; the keys fetched before stay in use", "route", i, "err", err.Error())
+			})
+			rs.verifiers = append(rs.verifiers, v)
+			h = requireJWT(v, protects(r), h)
 		}
 		rs.mux.Handle(r.Match, h)
 	}
@@ -166,6 +181,9 @@ func (rs *routes) close(ctx context.Context) error {
 	}
 	for _, unwatch := range rs.unwatch {
 		unwatch()
+	}
+	for _, v := range rs.verifiers {
+		v.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -302,6 +320,30 @@ func requireScope(header string, protected func(string) bool, next http.Handler)
 			return
 		}
 		next.ServeHTTP(w, r)
+	})
+}
+
+// requireJWT answers 401 to a protected request without a bearer token
+// that v accepts, and names the token's principal in the context of the
+// others: the middleware's default scope.
+func requireJWT(v *jwtVerifier, protected func(string) bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !protected(r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		principal, err := v.Principal(r)
+		if err != nil {
+			// RFC 6750: the error says why, never the token or a claim.
+			challenge := `Bearer`
+			if !errors.Is(err, errNoToken) {
+				challenge = `Bearer error="invalid_token", error_description=` + strconv.Quote(err.Error())
+			}
+			w.Header().Set("WWW-Authenticate", challenge)
+			writeProblem(w, http.StatusUnauthorized, "Invalid bearer token", err.Error())
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(idem.ContextWithPrincipal(r.Context(), principal)))
 	})
 }
 

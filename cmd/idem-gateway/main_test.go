@@ -228,9 +228,10 @@ type upstream struct {
 	mu    sync.Mutex
 	runs  map[string]int
 	total int
-	// gate, when set, holds each execution after it counted until a
-	// value is received (or the channel closed).
+	// gate, when set (hold), holds each execution after it counted until
+	// it is closed (release, or the test's end).
 	gate    chan struct{}
+	open    func()
 	arrived chan string // the key of each execution, when not nil
 }
 
@@ -238,7 +239,26 @@ func newUpstream(t testing.TB) *upstream {
 	u := &upstream{runs: map[string]int{}}
 	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(u.Close)
+	t.Cleanup(u.release) // first: Close waits for the executions the gate holds
 	return u
+}
+
+// hold makes the executions from now on wait at a gate until release.
+func (u *upstream) hold() {
+	gate := make(chan struct{})
+	u.mu.Lock()
+	u.gate, u.open = gate, sync.OnceFunc(func() { close(gate) })
+	u.mu.Unlock()
+}
+
+// release lets the executions held at the gate go on.
+func (u *upstream) release() {
+	u.mu.Lock()
+	open := u.open
+	u.mu.Unlock()
+	if open != nil {
+		open()
+	}
 }
 
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
@@ -354,4 +374,17 @@ routes:
     upstream: app
     scope: {none: true}
 %s`, up.URL, extra)
+}
+
+// receive returns the next value of ch, failing the test when ctx ends
+// first.
+func receive[T any](t testing.TB, ctx context.Context, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-ctx.Done():
+		t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		panic("unreachable")
+	}
 }

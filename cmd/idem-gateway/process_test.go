@@ -93,7 +93,7 @@ func TestProcessReplay(t *testing.T) {
 func TestProcessConcurrentDuplicates(t *testing.T) {
 	const n = 50
 	up := newUpstream(t)
-	up.gate = make(chan struct{})
+	up.hold()
 	gw := startGateway(t, memoryConfig(up, ""))
 	ctx := deadline(t, 2*time.Minute)
 	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: n}}
@@ -103,14 +103,14 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 	}
 	var conflicts int
 	for conflicts < n-1 {
-		a := <-answers
+		a := receive(t, ctx, answers, "the duplicates' 409s")
 		if a.status != http.StatusConflict || a.header.Get("Retry-After") == "" {
 			t.Fatalf("a duplicate while the first is in flight: %v (Retry-After %q), want 409 with Retry-After", a, a.header.Get("Retry-After"))
 		}
 		conflicts++
 	}
-	close(up.gate)
-	first := <-answers
+	up.release()
+	first := receive(t, ctx, answers, "the first's answer")
 	if first.status != http.StatusCreated || first.replayed {
 		t.Fatalf("the first: %v", first)
 	}
@@ -127,7 +127,7 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 // then the upstream's own response, stored; the upstream ran once.
 func TestProcessClientTimesOut(t *testing.T) {
 	up := newUpstream(t)
-	up.gate = make(chan struct{})
+	up.hold()
 	up.arrived = make(chan string, 1)
 	gw := startGateway(t, memoryConfig(up, ""))
 	ctx := deadline(t, time.Minute)
@@ -136,15 +136,15 @@ func TestProcessClientTimesOut(t *testing.T) {
 	short, cancel := context.WithCancel(ctx)
 	gone := make(chan answer, 1)
 	go func() { gone <- post(short, c, gw.url("/orders"), "slow", `{}`) }()
-	<-up.arrived
+	receive(t, ctx, up.arrived, "the request at the upstream")
 	cancel() // the client's timeout
-	if a := <-gone; a.err == nil {
+	if a := receive(t, ctx, gone, "the answer of the client that gave up"); a.err == nil {
 		t.Fatalf("the client that gave up got %v", a)
 	}
 	if a := post(ctx, c, gw.url("/orders"), "slow", `{}`); a.status != http.StatusConflict || a.header.Get("Retry-After") == "" {
 		t.Fatalf("retry while the upstream works: %v, want 409 with Retry-After", a)
 	}
-	close(up.gate)
+	up.release()
 	gw.waitLog(t, "request", 30*time.Second, "outcome", "executed")
 	a := post(ctx, c, gw.url("/orders"), "slow", `{}`)
 	if a.status != http.StatusCreated || !a.replayed || a.header.Get("X-Execution") != "1" {
@@ -270,14 +270,14 @@ func TestProcessTwoGatewaysOneRedis(t *testing.T) {
 func TestProcessSIGTERM(t *testing.T) {
 	addr := redistest.Start(t)
 	up := newUpstream(t)
-	up.gate = make(chan struct{})
+	up.hold()
 	up.arrived = make(chan string, 1)
 	gw := startGateway(t, redisConfig(up, addr, "rueidis", ""))
 	ctx := deadline(t, time.Minute)
 	c := &http.Client{}
 	first := make(chan answer, 1)
 	go func() { first <- post(ctx, c, gw.url("/orders"), "term", `{}`, "X-User", "alice") }()
-	<-up.arrived
+	receive(t, ctx, up.arrived, "the request at the upstream")
 	gw.signal(syscall.SIGTERM)
 	gw.waitLog(t, "shutting down", 30*time.Second)
 	res, err := c.Get("http://" + gw.admin + "/readyz")
@@ -287,8 +287,8 @@ func TestProcessSIGTERM(t *testing.T) {
 			t.Fatalf("/readyz while shutting down: %d", res.StatusCode)
 		}
 	}
-	close(up.gate)
-	a := <-first
+	up.release()
+	a := receive(t, ctx, first, "the answer in flight at SIGTERM")
 	if a.status != http.StatusCreated {
 		t.Fatalf("the request in flight at SIGTERM: %v", a)
 	}
@@ -568,19 +568,20 @@ func TestProcessKilled(t *testing.T) {
 		t.Fatalf("first: %v, then %v", done, r)
 	}
 
+	up.hold()
 	up.mu.Lock()
-	up.gate, up.arrived = make(chan struct{}), make(chan string, 2)
+	up.arrived = make(chan string, 2)
 	up.mu.Unlock()
 	lost := make(chan answer, 1)
 	go func() { lost <- post(ctx, c, a.url("/orders"), "cut", `{}`, "X-User", "u") }()
-	<-up.arrived
+	receive(t, ctx, up.arrived, "the request at the upstream")
 	a.signal(syscall.SIGKILL)
 	killed := time.Now()
 	a.wait(t, 30*time.Second)
-	if r := <-lost; r.err == nil {
+	if r := receive(t, ctx, lost, "the killed gateway's answer"); r.err == nil {
 		t.Fatalf("the killed gateway's client got %v", r)
 	}
-	close(up.gate) // the upstream finishes its first call, for nobody
+	up.release() // the upstream finishes its first call, for nobody
 
 	if r := settled(ctx, c, b.url("/orders"), "stored", `{}`, "X-User", "u"); !r.replayed || r.body != done.body {
 		t.Fatalf("retry of a stored response after the kill: %v, want %v replayed", r, done)

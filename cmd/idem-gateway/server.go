@@ -90,7 +90,7 @@ func (g *gateway) run(ctx context.Context, hup <-chan os.Signal) error {
 	g.store = store
 	defer store.close()
 	g.traced = g.tel.Store(store)
-	rs, err := buildRoutes(g.cfg, g.traced, g.tel, g.log)
+	rs, err := buildRoutes(ctx, g.cfg, g.traced, g.tel, g.log)
 	if err != nil {
 		return err
 	}
@@ -201,7 +201,9 @@ func (g *gateway) reload() {
 			return
 		}
 	}
-	rs, err := buildRoutes(cfg, g.traced, g.tel, g.log)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rs, err := buildRoutes(ctx, cfg, g.traced, g.tel, g.log)
 	if err != nil {
 		g.log.Error("reload refused; the running configuration is kept", "err", err.Error())
 		return

@@ -205,16 +205,25 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 	switch s := r.Scope; {
 	case s == nil && len(r.Protect) == 0: // a plain proxy route has no records
 	case s == nil:
-		d.errorf(p+".scope", "required: header (set by the authentication proxy in front), authorization, or none")
+		d.errorf(p+".scope", "required: header (set by the authentication proxy in front), jwt, authorization, or none")
 	default:
 		n := 0
-		for _, set := range []bool{s.Header != "", s.Authorization, s.None} {
+		for _, set := range []bool{s.Header != "", s.Authorization, s.None, s.JWT != nil} {
 			if set {
 				n++
 			}
 		}
 		if n != 1 {
-			d.errorf(p+".scope", "declare exactly one of header, authorization and none: true")
+			d.errorf(p+".scope", "declare exactly one of header, authorization, jwt and none: true")
+		}
+		if s.JWT != nil {
+			for _, pr := range checkJWT(s.JWT) {
+				field := p + ".scope.jwt"
+				if pr.Field != "" {
+					field += "." + pr.Field
+				}
+				d.errorf(field, "%s", pr.Msg)
+			}
 		}
 	}
 	for i, s := range r.Cacheable {
