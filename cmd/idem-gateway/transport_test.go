@@ -76,7 +76,8 @@ func selfSigned(t testing.TB, dir string) (certFile, keyFile string, pool *x509.
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:   time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
@@ -140,6 +141,81 @@ routes: [{match: "/", upstream: app, scope: {none: true}}]
 			again := settled(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
 			if first.status != http.StatusCreated || !again.replayed || again.body != first.body || up.ran(key) != 1 {
 				t.Fatalf("%v then %v, ran %d", first, again, up.ran(key))
+			}
+		})
+	}
+}
+
+// A Redis that requires a password: the gateway reads it from a file or
+// an environment variable, with either client; a wrong one gets 503 and
+// /readyz 503, never the upstream.
+func TestProcessRedisPassword(t *testing.T) {
+	rp := redistest.StartProc(t, "--requirepass", "s3cret pass")
+	up := newUpstream(t)
+	ctx := deadline(t, time.Minute)
+	file := filepath.Join(t.TempDir(), "redis-password")
+	os.WriteFile(file, []byte("s3cret pass\n"), 0o600)
+	config := func(client, secret string) string {
+		return fmt.Sprintf(`listen: [{address: "127.0.0.1:0"}]
+admin: {address: "127.0.0.1:0"}
+store: {redis: {client: %s, addrs: [%q], %s}}
+upstreams: {app: {url: %q}}
+routes: [{match: "/", upstream: app, scope: {none: true}}]
+`, client, rp.Addr(), secret, up.URL)
+	}
+	for _, client := range []string{"rueidis", "go-redis"} {
+		t.Run(client, func(t *testing.T) {
+			for i, secret := range []string{fmt.Sprintf("password_file: %q", file), "password_env: IDEM_TEST_REDIS_PASSWORD"} {
+				gw := startGateway(t, config(client, secret), "IDEM_TEST_REDIS_PASSWORD=s3cret pass")
+				key := fmt.Sprintf("pw-%s-%d", client, i)
+				first := post(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+				again := settled(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+				if first.status != http.StatusCreated || !again.replayed || up.ran(key) != 1 {
+					t.Fatalf("%s: %v then %v", secret, first, again)
+				}
+			}
+			if client == "go-redis" { // rueidis cannot start without its Redis: the gateway retries
+				gw := startGateway(t, config(client, "password_env: IDEM_TEST_REDIS_PASSWORD"), "IDEM_TEST_REDIS_PASSWORD=wrong")
+				if a := post(ctx, &http.Client{}, gw.url("/orders"), "pw-wrong", `{}`); a.status != http.StatusServiceUnavailable || up.ran("pw-wrong") != 0 {
+					t.Fatalf("a wrong password: %v", a)
+				}
+				res, err := http.Get("http://" + gw.admin + "/readyz")
+				if err != nil || res.StatusCode != http.StatusServiceUnavailable {
+					t.Fatalf("/readyz with a wrong password: %v %v", res, err)
+				}
+				res.Body.Close()
+			}
+		})
+	}
+}
+
+// A Redis over TLS (its certificate trusted through ca_file), with either
+// client.
+func TestProcessRedisTLS(t *testing.T) {
+	cert, key, _ := selfSigned(t, t.TempDir())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsAddr := ln.Addr().String()
+	ln.Close()
+	_, tlsPort, _ := net.SplitHostPort(tlsAddr)
+	redistest.StartProc(t, "--tls-port", tlsPort, "--tls-cert-file", cert, "--tls-key-file", key,
+		"--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+	up := newUpstream(t)
+	ctx := deadline(t, time.Minute)
+	for _, client := range []string{"rueidis", "go-redis"} {
+		t.Run(client, func(t *testing.T) {
+			gw := startGateway(t, fmt.Sprintf(`listen: [{address: "127.0.0.1:0"}]
+store: {redis: {client: %s, addrs: [%q], tls: {ca_file: %q}}}
+upstreams: {app: {url: %q}}
+routes: [{match: "/", upstream: app, scope: {none: true}}]
+`, client, tlsAddr, cert, up.URL))
+			key := "tls-" + client
+			first := post(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+			again := settled(ctx, &http.Client{}, gw.url("/orders"), key, `{}`)
+			if first.status != http.StatusCreated || !again.replayed || up.ran(key) != 1 {
+				t.Fatalf("%v then %v", first, again)
 			}
 		})
 	}
