@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testproc"
 )
 
 // TestServerGoneWhenBinaryExits runs this test binary again, as a helper
@@ -42,7 +44,7 @@ func TestServerGoneWhenBinaryExits(t *testing.T) {
 		t.Fatalf("the helper did not report its server; its output:\n%s", out)
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	for alive(pid) {
+	for testproc.Alive(pid) {
 		if time.Now().After(deadline) {
 			syscall.Kill(pid, syscall.SIGKILL)
 			os.RemoveAll(dir)
@@ -54,7 +56,7 @@ func TestServerGoneWhenBinaryExits(t *testing.T) {
 		t.Logf("the helper's directory %s was swept by another process", dir)
 		return
 	}
-	sweep()
+	testproc.Sweep(dirPrefix)
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		os.RemoveAll(dir)
 		t.Fatalf("after sweep, the directory of the exited binary's server is still there (%v)", err)

@@ -23,6 +23,9 @@
 // On Linux the server also gets SIGKILL when the test binary exits, so a
 // crashed test binary leaves no server running; its directory is then
 // removed by the next test binary that starts a server.
+//
+// [StartProc] starts a server of the test's own instead, which the test
+// can crash and restart (see [Proc]).
 package mysqltest
 
 import (
@@ -41,6 +44,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testproc"
 )
 
 // Environment variables read by [DSN].
@@ -87,7 +92,7 @@ func DSN(t testing.TB) string {
 	defer shared.mu.Unlock()
 	if !shared.done {
 		shared.done = true
-		shared.srv, shared.err = start()
+		shared.srv, shared.err = start(nil)
 	}
 	check(t, shared.err)
 	return shared.srv.dsn
@@ -145,18 +150,11 @@ func check(t testing.TB, err error) {
 }
 
 // M is what a TestMain runs: *testing.M, or another M wrapped.
-type M interface{ Run() int }
+type M = testproc.M
 
 // Wrap returns m with a Run that runs the tests and then stops the shared
 // server.
-func Wrap(m M) M { return wrapped{m} }
-
-type wrapped struct{ m M }
-
-func (w wrapped) Run() int {
-	defer stopShared()
-	return w.m.Run()
-}
+func Wrap(m M) M { return testproc.Wrap(m, stopShared) }
 
 func stopShared() {
 	shared.mu.Lock()
@@ -171,17 +169,23 @@ type server struct {
 	cmd *exec.Cmd
 	dir string
 	dsn string
+
+	// What starts it again on the same port and data (see Proc).
+	bin      string
+	user     []string
+	port     int
+	settings []string
 }
 
 // stop ends the server (SIGTERM, a clean shutdown; SIGKILL after ten
 // seconds), waits for it and removes its directory.
 func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	kill := time.AfterFunc(10*time.Second, func() { s.cmd.Process.Kill() })
-	s.cmd.Wait()
-	kill.Stop()
-	os.RemoveAll(s.dir)
+	testproc.Stop(s.cmd, syscall.SIGTERM, 10*time.Second)
+	s.removeDir()
 }
+
+// removeDir removes the server's directory.
+func (s *server) removeDir() { os.RemoveAll(s.dir) }
 
 // find returns the path of the binary name, on PATH or in binDirs.
 func find(name string) (string, bool) {
@@ -197,13 +201,18 @@ func find(name string) (string, bool) {
 	return "", false
 }
 
-func start() (*server, error) {
+// start finds the binaries, runs mariadb-install-db, and starts mariadbd
+// on a free loopback port, with settings ("name=value", each passed as
+// --name=value) after the package's own, which they override. A port
+// taken between choosing it and the server binding it makes the server
+// exit, so it tries a few ports.
+func start(settings []string) (*server, error) {
 	install, ok1 := find("mariadb-install-db")
 	mariadbd, ok2 := find("mariadbd")
 	if !ok1 || !ok2 {
 		return nil, errNotInstalled
 	}
-	sweep()
+	testproc.Sweep(dirPrefix)
 	dir, err := os.MkdirTemp("", dirPrefix+"*")
 	if err != nil {
 		return nil, err
@@ -212,7 +221,7 @@ func start() (*server, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+	if err := testproc.WriteOwner(dir); err != nil {
 		return fail(err)
 	}
 	user := []string{}
@@ -236,22 +245,20 @@ func start() (*server, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("mariadb-install-db in %s: %w; its output:\n%s", dir, err, out))
 	}
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return fail(err)
-		}
-		srv, err := startAt(mariadbd, dir, user, port)
-		if err == nil {
-			return srv, nil
-		}
-		if attempt == 3 {
-			return fail(err)
-		}
+	srv, err := testproc.OnFreePort(3, func(port int) (*server, error) {
+		return startAt(mariadbd, dir, user, port, settings)
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return srv, nil
 }
 
-func startAt(mariadbd, dir string, user []string, port int) (*server, error) {
+// startAt runs mariadbd on the data directory in dir, on the loopback
+// port, and waits until it accepts connections. Its output is appended to
+// dir's mariadbd.log, so that the log of a restarted server (see Proc)
+// follows the first's.
+func startAt(mariadbd, dir string, user []string, port int, settings []string) (*server, error) {
 	logName := filepath.Join(dir, "mariadbd.log")
 	log, err := os.OpenFile(logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -263,7 +270,10 @@ func startAt(mariadbd, dir string, user []string, port int) (*server, error) {
 		"--pid-file="+filepath.Join(dir, "pid"), "--port="+strconv.Itoa(port), "--bind-address=127.0.0.1",
 		"--skip-log-bin", "--innodb-flush-log-at-trx-commit=0", "--max-connections=300",
 		"--innodb-buffer-pool-size=64M")
-	srv := &server{dir: dir, cmd: exec.Command(mariadbd, args...),
+	for _, kv := range settings {
+		args = append(args, "--"+kv) // the last of an option wins
+	}
+	srv := &server{dir: dir, cmd: exec.Command(mariadbd, args...), bin: mariadbd, user: user, port: port, settings: settings,
 		dsn: "root@tcp(" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + ")/?parseTime=true"}
 	srv.cmd.Env = env()
 	srv.cmd.Stdout, srv.cmd.Stderr = log, log
@@ -271,33 +281,13 @@ func startAt(mariadbd, dir string, user []string, port int) (*server, error) {
 	if err := srv.cmd.Start(); err != nil {
 		return nil, err
 	}
-	if err := waitReady(srv, port, 60*time.Second); err != nil {
+	if err := testproc.WaitReady(srv.cmd, 60*time.Second, func() error { return greeting(port) }); err != nil {
 		srv.cmd.Process.Kill()
 		srv.cmd.Wait()
 		out, _ := os.ReadFile(logName)
 		return nil, fmt.Errorf("mariadbd on port %d: %w; its output:\n%s", port, err, out)
 	}
 	return srv, nil
-}
-
-// waitReady dials the port until the server sends its greeting (the
-// handshake packet, protocol version 10), the server exits, or timeout
-// passes.
-func waitReady(srv *server, port int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := greeting(port)
-		if err == nil {
-			return nil
-		}
-		if exited(srv.cmd) {
-			return fmt.Errorf("exited: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %v: %w", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond) // another process: nothing to wait on but time
-	}
 }
 
 // greeting reads the server's first packet on a new connection: a 4-byte
@@ -321,28 +311,3 @@ func greeting(port int) error {
 }
 
 func env() []string { return []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "LANG=C", "TZ=UTC"} }
-
-// sweep removes the directories of servers whose test binary is gone.
-func sweep() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "owner"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 || alive(pid) {
-			continue
-		}
-		os.RemoveAll(d)
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}

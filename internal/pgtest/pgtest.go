@@ -42,6 +42,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testproc"
 )
 
 // Environment variables read by [DSN].
@@ -107,18 +109,11 @@ func check(t testing.TB, err error) {
 // server, for a TestMain of its own:
 //
 //	func TestMain(m *testing.M) { leakcheck.Main(pgtest.Wrap(m)) }
-func Wrap(m M) M { return wrapped{m} }
+func Wrap(m M) M { return testproc.Wrap(m, stopShared) }
 
 // M is what a TestMain runs: *testing.M, or another M wrapped (the
 // same as leakcheck.M).
-type M interface{ Run() int }
-
-type wrapped struct{ m M }
-
-func (w wrapped) Run() int {
-	defer stopShared()
-	return w.m.Run()
-}
+type M = testproc.M
 
 func stopShared() {
 	shared.mu.Lock()
@@ -145,10 +140,7 @@ type server struct {
 // nothing is kept, so there is nothing to checkpoint), waits for it,
 // killing it if it takes more than ten seconds, and removes its directory.
 func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGQUIT)
-	kill := time.AfterFunc(10*time.Second, func() { s.cmd.Process.Kill() })
-	s.cmd.Wait()
-	kill.Stop()
+	testproc.Stop(s.cmd, syscall.SIGQUIT, 10*time.Second)
 	s.removeDir()
 }
 
@@ -164,7 +156,7 @@ func start(settings []string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	sweep()
+	testproc.Sweep(dirPrefix)
 	cred, err := credential()
 	if err != nil {
 		return nil, err
@@ -177,9 +169,9 @@ func start(settings []string) (*server, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	// The test binary's pid, for sweep: a directory whose binary is gone is
-	// removed by the next one.
-	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+	// The test binary's pid, for testproc.Sweep: a directory whose binary
+	// is gone is removed by the next one.
+	if err := testproc.WriteOwner(dir); err != nil {
 		return fail(err)
 	}
 	if cred != nil {
@@ -195,19 +187,13 @@ func start(settings []string) (*server, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb in %s: %w; its output:\n%s", dir, err, out))
 	}
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return fail(err)
-		}
-		srv, err := startAt(bin, dir, cred, port, settings)
-		if err == nil {
-			return srv, nil
-		}
-		if attempt == 3 {
-			return fail(err)
-		}
+	srv, err := testproc.OnFreePort(3, func(port int) (*server, error) {
+		return startAt(bin, dir, cred, port, settings)
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return srv, nil
 }
 
 // startAt runs postgres on the data directory in dir, on the loopback
@@ -249,7 +235,7 @@ func startAt(bin, dir string, cred *cred, port int, settings []string) (*server,
 	if err := srv.cmd.Start(); err != nil {
 		return nil, err
 	}
-	if err := waitReady(srv, 30*time.Second); err != nil {
+	if err := testproc.WaitReady(srv.cmd, 30*time.Second, srv.isReady); err != nil {
 		srv.cmd.Process.Kill()
 		srv.cmd.Wait()
 		out, _ := os.ReadFile(logName)
@@ -258,24 +244,14 @@ func startAt(bin, dir string, cred *cred, port int, settings []string) (*server,
 	return srv, nil
 }
 
-// waitReady asks pg_isready (beside postgres) until the server accepts
-// connections, the server exits, or timeout passes.
-func waitReady(srv *server, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		out, err := exec.Command(filepath.Join(srv.bin, "pg_isready"), "-t", "1", "-d", srv.dsn).CombinedOutput()
-		if err == nil {
-			return nil
-		}
-		err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(out))
-		if exited(srv.cmd) {
-			return fmt.Errorf("exited: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %v: %w", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond) // an external process: nothing to wait on but time
+// isReady asks pg_isready (beside postgres) whether the server accepts
+// connections.
+func (srv *server) isReady() error {
+	out, err := exec.Command(filepath.Join(srv.bin, "pg_isready"), "-t", "1", "-d", srv.dsn).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, bytes.TrimSpace(out))
 	}
+	return nil
 }
 
 // env is the environment of initdb and postgres: the C locale, so that
@@ -345,32 +321,4 @@ func credential() (*cred, error) {
 		return &cred{uid: uint32(uid), gid: uint32(gid)}, nil
 	}
 	return nil, fmt.Errorf("running as root, and no unprivileged user to run initdb as: %w", errors.Join(errs...))
-}
-
-// sweep removes the directories of servers whose test binary is gone (it
-// crashed, or its package never stopped the shared server; the server
-// itself got SIGQUIT when the binary exited). A directory is removed only
-// when it names its binary's pid and no such process exists.
-func sweep() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "owner"))
-		if err != nil {
-			continue // not ours, or being created
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 || alive(pid) {
-			continue
-		}
-		os.RemoveAll(d)
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testproc"
 )
 
 // Proc is a private PostgreSQL server that a test can crash and start
@@ -68,10 +70,7 @@ func (p *Proc) Crash() {
 	if !p.running {
 		p.t.Fatal("pgtest: Crash of a server that is not running")
 	}
-	p.srv.cmd.Process.Signal(syscall.SIGQUIT)
-	kill := time.AfterFunc(10*time.Second, func() { p.srv.cmd.Process.Kill() })
-	p.srv.cmd.Wait()
-	kill.Stop()
+	testproc.Stop(p.srv.cmd, syscall.SIGQUIT, 10*time.Second)
 	p.running = false
 }
 

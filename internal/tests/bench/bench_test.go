@@ -13,9 +13,11 @@ import (
 // run; every other case also reports its cost over bare (ns-over-bare/op,
 // allocs-over-bare/op, B-over-bare/op), so keep bare in any -bench filter.
 // The redis store needs a redis-server (see internal/redistest), the
-// postgres store a PostgreSQL server (see internal/pgtest), the mysql
-// store (sqlstore) a MariaDB (see internal/mysqltest), and each is
-// skipped without one. BenchmarkFence measures pgstore's Fence.
+// postgres store (pgstore) and the postgres-sql store (sqlstore's
+// PostgreSQL dialect through database/sql and pgx's driver) a PostgreSQL
+// server (see internal/pgtest), the mysql store (sqlstore) a MariaDB (see
+// internal/mysqltest), and each is skipped without one. BenchmarkFence
+// measures pgstore's Fence, BenchmarkSQLFence sqlstore's.
 func BenchmarkMiddleware(b *testing.B) {
 	for _, a := range adapters {
 		b.Run(a.name, func(b *testing.B) {

@@ -25,7 +25,7 @@ type orders struct {
 // database (PostgreSQL or MySQL).
 func newOrders(tb testing.TB, st store) *orders {
 	tb.Helper()
-	if st.db != nil {
+	if st.db != nil && !st.sqlPG {
 		// A statement without parameters: go-sql-driver/mysql sends it as
 		// one query, where one with parameters would be prepared, run and
 		// closed on each call (three round trips) without
@@ -44,6 +44,11 @@ func newOrders(tb testing.TB, st store) *orders {
 		" (id bigserial PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL, created timestamptz NOT NULL DEFAULT now())")
 	if err != nil {
 		tb.Fatal(err)
+	}
+	if st.sqlPG {
+		// Through database/sql, without parameters as on MySQL: pgx
+		// sends it with the simple protocol, one round trip.
+		return &orders{st: st, insert: "INSERT INTO " + table + " (customer, total_cents) VALUES ('c_8d2f', 12990)"}
 	}
 	return &orders{st: st, insert: "INSERT INTO " + table + " (customer, total_cents) VALUES ($1, $2)"}
 }
@@ -102,10 +107,10 @@ func (o *orders) sqlTx(ctx context.Context, fence bool) error {
 var fenceStores = []struct {
 	name   string
 	allocs float64
-}{{"postgres", pgFenceAllocs}, {"mysql", sqlFenceAllocs}}
+}{{"postgres", pgFenceAllocs}, {"mysql", sqlFenceAllocs}, {"postgres-sql", sqlPGFenceAllocs}}
 
 // newFenceSetups returns two setups of a on one store of kind sk
-// (postgres or mysql) and one orders table, whose handlers run the orders
+// (postgres, postgres-sql or mysql) and one orders table, whose handlers run the orders
 // transaction before they answer: without the fence in plain, with it in
 // fenced. Their bare stacks are the handler without the middleware.
 func newFenceSetups(tb testing.TB, a adapter, sk storeKind) (plain, fenced *setup, o *orders) {
@@ -116,13 +121,14 @@ func newFenceSetups(tb testing.TB, a adapter, sk storeKind) (plain, fenced *setu
 }
 
 // TestFence holds what Store.Fence adds to a handler's own transaction, on
-// every store that has one (pgstore, and sqlstore on MariaDB) and every
-// adapter (each must hand the handler a context that carries the
-// request's idem.Info, or Fence does nothing): exactly one statement and
+// every store that has one (pgstore, and sqlstore on MariaDB and on
+// PostgreSQL) and every adapter (each must hand the handler a context
+// that carries the request's idem.Info, or Fence does nothing): exactly
+// one statement and
 // one round trip inside the transaction (begin, insert, fence, commit
 // against begin, insert, commit), the middleware's round trips around it
-// unchanged (2 on PostgreSQL, 4 on MySQL), and at most pgFenceAllocs or
-// sqlFenceAllocs allocations.
+// unchanged (2 on pgstore, 4 on sqlstore), and at most pgFenceAllocs,
+// sqlFenceAllocs or sqlPGFenceAllocs allocations.
 func TestFence(t *testing.T) {
 	for _, fs := range fenceStores {
 		t.Run(fs.name, func(t *testing.T) {
@@ -206,43 +212,62 @@ func testFence(t *testing.T, a adapter, sk storeKind, budget float64) {
 // medians of fenced and first says more.
 // Skipped without PostgreSQL, like the postgres store of
 // BenchmarkMiddleware. It measures pgstore only, under the same names as
-// before sqlstore came: TestFence holds sqlstore's fence (round trips,
-// statements, allocations).
+// before sqlstore came; BenchmarkSQLFence measures sqlstore's.
 func BenchmarkFence(b *testing.B) {
 	for _, a := range adapters {
+		b.Run(a.name, func(b *testing.B) { benchFence(b, a, storeKindNamed("postgres")) })
+	}
+}
+
+// BenchmarkSQLFence is BenchmarkFence on sqlstore, through database/sql:
+// its PostgreSQL dialect through pgx's driver, and MariaDB.
+//
+//	BenchmarkSQLFence/<adapter>/<store>/<case>
+//
+// Skipped without the store's server, as in BenchmarkMiddleware. TestFence
+// holds the same transactions' round trips, statements and allocations.
+func BenchmarkSQLFence(b *testing.B) {
+	for _, a := range adapters {
 		b.Run(a.name, func(b *testing.B) {
-			plain, fenced, _ := newFenceSetups(b, a, storeKindNamed("postgres"))
-			var bare, unfenced *cost
-			for _, fc := range []struct {
-				name string
-				bc   benchCase
-				s    *setup
-			}{
-				{"bare", caseNamed("bare"), plain},
-				{"first", caseNamed("first"), plain},
-				{"fenced", caseNamed("first"), fenced},
-			} {
-				b.Run(fc.name, func(b *testing.B) {
-					c := measure(b, fc.bc, fc.s)
-					switch fc.name {
-					case "bare":
-						bare = &c
-						return
-					case "first":
-						unfenced = &c
-					case "fenced":
-						if unfenced != nil {
-							b.ReportMetric(c.ns-unfenced.ns, "ns-fence/op")
-							b.ReportMetric(c.allocs-unfenced.allocs, "allocs-fence/op")
-							b.ReportMetric(c.bytes-unfenced.bytes, "B-fence/op")
-						}
-					}
-					if bare != nil {
-						b.ReportMetric(c.ns-bare.ns, "ns-over-bare/op")
-						b.ReportMetric(c.allocs-bare.allocs, "allocs-over-bare/op")
-						b.ReportMetric(c.bytes-bare.bytes, "B-over-bare/op")
-					}
-				})
+			for _, name := range []string{"postgres-sql", "mysql"} {
+				b.Run(name, func(b *testing.B) { benchFence(b, a, storeKindNamed(name)) })
+			}
+		})
+	}
+}
+
+// benchFence runs the cases of BenchmarkFence on a and sk.
+func benchFence(b *testing.B, a adapter, sk storeKind) {
+	plain, fenced, _ := newFenceSetups(b, a, sk)
+	var bare, unfenced *cost
+	for _, fc := range []struct {
+		name string
+		bc   benchCase
+		s    *setup
+	}{
+		{"bare", caseNamed("bare"), plain},
+		{"first", caseNamed("first"), plain},
+		{"fenced", caseNamed("first"), fenced},
+	} {
+		b.Run(fc.name, func(b *testing.B) {
+			c := measure(b, fc.bc, fc.s)
+			switch fc.name {
+			case "bare":
+				bare = &c
+				return
+			case "first":
+				unfenced = &c
+			case "fenced":
+				if unfenced != nil {
+					b.ReportMetric(c.ns-unfenced.ns, "ns-fence/op")
+					b.ReportMetric(c.allocs-unfenced.allocs, "allocs-fence/op")
+					b.ReportMetric(c.bytes-unfenced.bytes, "B-fence/op")
+				}
+			}
+			if bare != nil {
+				b.ReportMetric(c.ns-bare.ns, "ns-over-bare/op")
+				b.ReportMetric(c.allocs-bare.allocs, "allocs-over-bare/op")
+				b.ReportMetric(c.bytes-bare.bytes, "B-over-bare/op")
 			}
 		})
 	}

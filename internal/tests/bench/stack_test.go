@@ -185,12 +185,13 @@ type store struct {
 	prefix  string // of the Redis keys
 
 	pg        *pgstore.Store // the PostgreSQL store, else nil
-	pool      *pgxpool.Pool  // its pool
+	pool      *pgxpool.Pool  // its pool (postgres-sql: one beside the store's, not counted)
 	pgCounter *pgxtest.Counter
 	table     string // its table, as SQL
 
-	sql        *sqlstore.Store // sqlstore on MariaDB, else nil
+	sql        *sqlstore.Store // sqlstore on MariaDB or PostgreSQL, else nil
 	db         *sql.DB         // its pool
+	sqlPG      bool            // sqlstore's PostgreSQL dialect, through pgx's driver (its pgCounter counts)
 	sqlCounter *sqlCounter
 	sqlTable   string // its table, as SQL
 }
@@ -336,6 +337,10 @@ var storeKinds = []storeKind{
 	// internal/mysqltest: skipped without MariaDB, unless
 	// IDEM_REQUIRE_MYSQL=1), with database/sql's pool defaults.
 	{"mysql", func(tb testing.TB, large bool) store { return openMySQL(tb) }},
+	// sqlstore's PostgreSQL dialect through database/sql and pgx's
+	// driver (github.com/jackc/pgx/v5/stdlib), on the server of the
+	// postgres store (see openSQLPostgres).
+	{"postgres-sql", func(tb testing.TB, large bool) store { return openSQLPostgres(tb) }},
 }
 
 // storeKindNamed returns the store kind of that name.

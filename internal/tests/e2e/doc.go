@@ -37,11 +37,14 @@
 // private server from internal/pgtest): the handler commits an order row
 // and idem's fence in one transaction, and the tests count order rows per
 // key, with three processes, a process killed after its commits, one
-// stopped past its leases, and the database crashed under load.
+// stopped past its leases, and the database crashed under load. Each runs
+// twice, as the subtests pgstore (pgx) and sqlstore (idemserver -pg-store
+// sqlstore: database/sql, pgx's stdlib driver and sqlstore.PostgreSQL).
 // mysql_test.go runs them on MariaDB (idemserver -mysql: database/sql,
 // go-sql-driver/mysql and sqlstore.MySQL, the server from
-// internal/mysqltest, IDEM_REQUIRE_MYSQL=1): three processes and a
-// process killed after its commits.
+// internal/mysqltest, IDEM_REQUIRE_MYSQL=1): three processes, a process
+// killed after its commits, one stopped past its leases, and the
+// database killed (SIGKILL of mariadbd) under load and restarted.
 //
 // The tests and what they prove are listed in docs/guarantees.md, with the
 // figures of the last run. They need redis-server on PATH (they skip
@@ -62,15 +65,18 @@
 //	                      settings of the PostgreSQL of
 //	                      TestPGRestartFailsClosed, to test it: a server that
 //	                      loses acknowledged commits in a crash fails it
+//	IDEM_E2E_MYSQL_SETTINGS="innodb_flush_log_at_trx_commit=0"
+//	                      settings of the MariaDB of
+//	                      TestMySQLRestartFailsClosed and
+//	                      TestMySQLProcCrashKeepsCommits, to test them
 //	IDEM_E2E_SERVER_FLAGS="-steal-leases"
 //	                      more flags for every idemserver: -steal-leases
 //	                      breaks the store on purpose, so that the tests
 //	                      fail; -record-twice sends every execution's
 //	                      record twice, which they must not notice;
 //	                      -no-fence commits the orders without the fence,
-//	                      which the PostgreSQL tests of a crash or a stale
-//	                      execution, and TestMySQLKilledAfterCommit, must
-//	                      notice
+//	                      which the tests of a crash or a stale execution
+//	                      (PostgreSQL and MariaDB) must notice
 //	IDEM_E2E_CLIENT=rotate-keys
 //	                      breaks the client of client_test.go on purpose:
 //	                      every attempt goes out under a new key, and the

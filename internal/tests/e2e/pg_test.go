@@ -17,39 +17,78 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/tests/pgxtest"
 	"github.com/idemkit/idem/storage/pgstore"
+	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
+// pgStores are the records' stores of the PostgreSQL tests' servers
+// (idemserver -pg-store): pgstore through pgx, and sqlstore's PostgreSQL
+// dialect through database/sql and pgx's driver.
+var pgStores = []string{"pgstore", "sqlstore"}
+
+// onPGStores runs test on each of pgStores, as a subtest of its name.
+func onPGStores(t *testing.T, test func(t *testing.T, store string)) {
+	for _, store := range pgStores {
+		t.Run(store, func(t *testing.T) { test(t, store) })
+	}
+}
+
 // pgEnv is the database of the PostgreSQL tests' servers (idemserver -pg):
-// pgstore's table and the orders table, both of the test's own, created
-// before the servers start and dropped when the test ends.
+// the records' table (pgstore's or sqlstore's) and the orders table, both
+// of the test's own, created before the servers start and dropped when
+// the test ends.
 type pgEnv struct {
 	pool          *pgxpool.Pool // the test's own
 	dsn           string
+	store         string // of pgStores
 	table, orders string // as names
 	idemT, ordT   string // sanitized
+	// now is the database's clock as the records' table keeps its times:
+	// a timestamptz in pgstore's, microseconds since the Unix epoch (a
+	// bigint) in sqlstore's.
+	now string
 }
 
-// newPG creates the tables on the server of dsn.
-func newPG(t testing.TB, dsn string) *pgEnv {
+// newPG creates the tables on the server of dsn, the records' table of
+// store (one of pgStores).
+func newPG(t testing.TB, dsn, store string) *pgEnv {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close) // after the tables are dropped
-	e := &pgEnv{pool: pool, dsn: dsn, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
+	e := &pgEnv{pool: pool, dsn: dsn, store: store, table: pgxtest.Table(t, pool), orders: pgxtest.Table(t, pool)}
 	e.idemT, e.ordT = pgx.Identifier{e.table}.Sanitize(), pgx.Identifier{e.orders}.Sanitize()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := pgstore.New(pool, pgstore.WithTable(e.table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.CreateTable(ctx); err != nil {
-		t.Fatal(err)
+	switch store {
+	case "pgstore":
+		e.now = "clock_timestamp()"
+		st, err := pgstore.New(pool, pgstore.WithTable(e.table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if err := st.CreateTable(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case "sqlstore":
+		e.now = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+		db := stdlib.OpenDBFromPool(pool)
+		defer db.Close()
+		st, err := sqlstore.New(db, sqlstore.PostgreSQL, sqlstore.WithTable(e.table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if err := st.CreateTable(ctx); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("no PostgreSQL store %q", store)
 	}
 	// No unique constraint on the key: nothing but idem keeps a key from
 	// committing twice.
@@ -64,7 +103,7 @@ func newPG(t testing.TB, dsn string) *pgEnv {
 
 // flags are the idemserver flags of the database.
 func (e *pgEnv) flags(more ...string) []string {
-	return append([]string{"-pg", e.dsn, "-pg-table", e.table, "-orders-table", e.orders}, more...)
+	return append([]string{"-pg", e.dsn, "-pg-store", e.store, "-pg-table", e.table, "-orders-table", e.orders}, more...)
 }
 
 // executions returns the order rows of keys, as executions: each row is
@@ -98,7 +137,7 @@ func (e *pgEnv) executions(t testing.TB, ctx context.Context, keys []string) map
 	return out
 }
 
-// states counts pgstore's entries by state.
+// states counts the records' entries by state.
 func (e *pgEnv) states(t testing.TB, ctx context.Context) map[string]int {
 	t.Helper()
 	rows, err := e.pool.Query(ctx, "SELECT state, count(*) FROM "+e.idemT+" GROUP BY state")
@@ -125,19 +164,38 @@ func (e *pgEnv) states(t testing.TB, ctx context.Context) map[string]int {
 func (e *pgEnv) leasesLeft(t testing.TB, ctx context.Context) int {
 	t.Helper()
 	var n int
-	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.idemT+" WHERE state = 'processing' AND expires > now()").Scan(&n); err != nil {
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.idemT+" WHERE state = 'processing' AND expires > "+e.now).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// secondsLeft is the SQL of the seconds from the database's clock to
+// the time at, an expression of the records' table's times.
+func (e *pgEnv) secondsLeft(at string) string {
+	if e.store == "sqlstore" {
+		return "((" + at + ") - " + e.now + ") / 1e6"
+	}
+	return "extract(epoch FROM (" + at + ") - " + e.now + ")"
+}
+
+// heldAny is the SQL of the number of entries held in flight, by the
+// database's clock: in processing with their lease running, or
+// committed within the lease of the execution that committed.
+func (e *pgEnv) heldAny() string {
+	return "SELECT count(*) FROM " + e.idemT + " WHERE held_until > " + e.now +
+		" OR state = 'processing' AND expires > " + e.now
 }
 
 // TestPGExactlyOnceAcrossProcesses: three processes share one PostgreSQL;
 // every key is sent as concurrent duplicates spread across them. Each
 // key's order is committed exactly once (one business row), and every
 // other duplicate gets that execution's response back byte for byte.
-func TestPGExactlyOnceAcrossProcesses(t *testing.T) {
+func TestPGExactlyOnceAcrossProcesses(t *testing.T) { onPGStores(t, testPGExactlyOnceAcrossProcesses) }
+
+func testPGExactlyOnceAcrossProcesses(t *testing.T, store string) {
 	const lease = 5 * time.Second
-	env := newPG(t, pgtest.DSN(t))
+	env := newPG(t, pgtest.DSN(t), store)
 	keys := envInt(t, "IDEM_E2E_KEYS", 2000)
 	dups := envInt(t, "IDEM_E2E_DUPS", 5)
 	workers := envInt(t, "IDEM_E2E_WORKERS", 64)
@@ -176,12 +234,14 @@ func TestPGExactlyOnceAcrossProcesses(t *testing.T) {
 // its responses); once they have run out, one process answers the
 // documented 409 ErrNotReplayable, the other (idem.WithRebuild) the
 // response rebuilt from the order row.
-func TestPGKilledAfterCommit(t *testing.T) {
+func TestPGKilledAfterCommit(t *testing.T) { onPGStores(t, testPGKilledAfterCommit) }
+
+func testPGKilledAfterCommit(t *testing.T, store string) {
 	const (
 		lease = 1500 * time.Millisecond
 		keys  = 200
 	)
-	env := newPG(t, pgtest.DSN(t))
+	env := newPG(t, pgtest.DSN(t), store)
 	ctx := deadline(t, 2*time.Minute)
 	base := slices.Clip(env.flags("-lease", lease.String()))
 	srvs := startEach(t, append(base, "-gate-at", "after-commit"), base, append(base, "-rebuild"))
@@ -213,7 +273,7 @@ func TestPGKilledAfterCommit(t *testing.T) {
 	// The leases ran from the last renewal: the first runs out this long
 	// after the kill, by the database's clock.
 	var minLeft float64
-	if err := env.pool.QueryRow(ctx, "SELECT coalesce(extract(epoch FROM min(coalesce(held_until, expires)) - clock_timestamp()), 0)::float8 FROM "+
+	if err := env.pool.QueryRow(ctx, "SELECT coalesce("+env.secondsLeft("min(coalesce(held_until, expires))")+", 0)::float8 FROM "+
 		env.idemT+" WHERE state <> 'done'").Scan(&minLeft); err != nil {
 		t.Fatal(err)
 	}
@@ -227,6 +287,9 @@ func TestPGKilledAfterCommit(t *testing.T) {
 		if len(before[key]) != 1 {
 			t.Fatalf("%s: %d orders before the kill, want 1", key, len(before[key]))
 		}
+	}
+	if states["committed"] != keys {
+		t.Errorf("entries at the kill %v, want %d committed", states, keys)
 	}
 	t.Logf("entries at the kill: %v", states)
 
@@ -250,8 +313,7 @@ func TestPGKilledAfterCommit(t *testing.T) {
 	}
 	waitFor(t, ctx, "the killed process's leases to run out by the database's clock", func() bool {
 		var n int
-		err := env.pool.QueryRow(ctx, "SELECT count(*) FROM "+env.idemT+
-			" WHERE held_until > clock_timestamp() OR state = 'processing' AND expires > clock_timestamp()").Scan(&n)
+		err := env.pool.QueryRow(ctx, env.heldAny()).Scan(&n)
 		return err == nil && n == 0
 	})
 	rebuilds := map[string]*reply{}
@@ -300,94 +362,11 @@ func TestPGKilledAfterCommit(t *testing.T) {
 // commit their orders. When the stopped process goes on, every fence finds
 // its lease lost and the late transaction rolls back: one order per key,
 // the one whose response the retries get.
-func TestPGStaleCommitRefused(t *testing.T) {
-	const (
-		lease = 1500 * time.Millisecond
-		keys  = 50
-	)
-	env := newPG(t, pgtest.DSN(t))
-	ctx := deadline(t, 2*time.Minute)
-	base := slices.Clip(env.flags("-lease", lease.String()))
-	// The stopped process's handlers each hold a connection in their
-	// transactions.
-	srvs := startEach(t, append(base, "-pg-conns", strconv.Itoa(keys+8)), base, base)
-	victim := srvs[0]
-	c := newClient(t)
-	names := keyNames("pg-stale-", keys)
+func TestPGStaleCommitRefused(t *testing.T) { onPGStores(t, testPGStaleCommitRefused) }
 
-	victim.control(t, "POST", "/gate/close")
-	held := make(chan *reply, keys)
-	for _, key := range names {
-		go func() { held <- c.post(ctx, srvs, 0, key, key+"/stale", false) }()
-	}
-	waitFor(t, ctx, fmt.Sprintf("%d handlers to wait at the gate, in their transactions", keys), func() bool {
-		return victim.held(t) == keys
-	})
-	victim.signal(t, syscall.SIGSTOP)
-	stopped := time.Now()
-	resumed := false
-	defer func() {
-		if !resumed {
-			victim.signal(t, syscall.SIGCONT)
-		}
-	}()
-	waitFor(t, ctx, "the stopped process's leases to expire by the database's clock", func() bool {
-		return env.leasesLeft(t, ctx) == 0
-	})
-	expired := time.Since(stopped)
-
-	// The other processes take every key and commit its order.
-	took := make(map[string]*reply, keys)
-	for _, key := range names {
-		for attempt := 0; ; attempt++ {
-			r := c.post(ctx, srvs, 1+attempt%2, key, fmt.Sprintf("%s/take/%d", key, attempt), false)
-			if r.err != nil || r.status != http.StatusConflict {
-				took[key] = r
-				break
-			}
-			if !sleep(ctx, 20*time.Millisecond) {
-				t.Fatalf("%s: still 409 after the lease: %v", key, r)
-			}
-		}
-	}
-	victim.signal(t, syscall.SIGCONT)
-	resumed = true
-	victim.control(t, "POST", "/gate/open")
-	late := make(map[string]*reply, keys)
-	for range keys {
-		r := <-held
-		late[r.key] = r
-	}
-	resumedFor := time.Since(stopped)
-
-	execs := env.executions(t, ctx, names)
-	bad := failures{t: t}
-	var refused int
-	for _, key := range names {
-		tk, lt, ex := took[key], late[key], execs[key]
-		switch {
-		case tk.err != nil || tk.status != http.StatusCreated || tk.replayed:
-			bad.add("%s: taken over: %v, want 201 executed", key, tk)
-		case len(ex) != 1:
-			bad.add("%s: %d orders, want 1: %v", key, len(ex), ex)
-		case ex[0].id() != tk.exec:
-			bad.add("%s: the order %v is not the one of the execution that took the key over, %v", key, ex[0], tk)
-		}
-		if lt.err == nil && lt.status == http.StatusConflict && lt.exec != "" && lt.exec != tk.exec {
-			refused++ // the stale handler's own 409: its fence found the lease lost
-		} else {
-			bad.add("%s: the stopped process's execution answered %v, want its 409 (lease lost)", key, lt)
-		}
-		// A retry now replays the execution that committed.
-		if r := c.post(ctx, srvs, 0, key, key+"/after", false); !r.replayed || !r.sameResponse(tk) {
-			bad.add("%s: retry after the stale execution: %v, want a replay of %v", key, r, tk)
-		}
-	}
-	bad.report("stale commits")
-	figure(t, "lease %v, %d keys whose handlers were stopped (SIGSTOP) in their transactions before the fence: leases expired "+
-		"%v after the stop, other processes committed every key, the stopped process resumed %v after the stop; "+
-		"%d late fences refused, %d orders for %d keys",
-		lease, keys, ms(expired), ms(resumedFor), refused, countRows(execs), keys)
+func testPGStaleCommitRefused(t *testing.T, store string) {
+	testStaleCommitRefused(t, newPG(t, pgtest.DSN(t), store), faultConfig{name: "PostgreSQL", prefix: "pg-stale-",
+		lease: 1500 * time.Millisecond, keys: 50})
 }
 
 // countRows returns the number of orders.
@@ -420,13 +399,9 @@ func (s *server) signal(t testing.TB, sig syscall.Signal) {
 // a lease has left between two renewals, so an execution that finished
 // while the database was down gets its record stored by the middleware's
 // retries once it is back.
-func TestPGRestartFailsClosed(t *testing.T) {
-	const (
-		lease      = 6 * time.Second
-		minOutage  = 1500 * time.Millisecond
-		minAnswers = 100 // to see during the outage before it ends
-		progress   = 200 // keys done before and after it
-	)
+func TestPGRestartFailsClosed(t *testing.T) { onPGStores(t, testPGRestartFailsClosed) }
+
+func testPGRestartFailsClosed(t *testing.T, store string) {
 	// IDEM_E2E_PG_SETTINGS tests the test: "synchronous_commit=off"
 	// acknowledges commits that the crash may then lose.
 	settings := strings.Fields(os.Getenv("IDEM_E2E_PG_SETTINGS"))
@@ -434,140 +409,6 @@ func TestPGRestartFailsClosed(t *testing.T) {
 		t.Logf("IDEM_E2E_PG_SETTINGS: %v", settings)
 	}
 	db := pgtest.StartProc(t, settings...)
-	env := newPG(t, db.DSN())
-	ctx := deadline(t, 3*time.Minute)
-	srvs := startServers(t, 3, env.flags("-lease", lease.String(), "-delay", "2ms", "-rebuild")...)
-	c := newClient(t)
-	l := newLoad(c, srvs, loadConfig{prefix: "pg-outage-", dups: 5, workers: 48,
-		backoff: 100 * time.Millisecond, maxAttempts: 2000})
-	l.start(t, ctx, 1_000_000)
-	begin := time.Now()
-	advance := func(what string) {
-		t.Helper()
-		mark := l.finished.Load()
-		waitFor(t, ctx, fmt.Sprintf("%d keys done %s", progress, what), func() bool { return l.finished.Load() >= mark+progress })
-	}
-
-	advance("before the crash")
-	down := outage{name: "down"}
-	// A request in flight from here on may have its COMMIT made durable
-	// by the crash without its answer; down.start, once Crash has
-	// returned, is when the database is surely gone. (With only
-	// down.start, a request answered 503 while Crash was still returning
-	// was taken for a refusal whose order committed: seen once in CI.)
-	crashed := time.Now()
-	db.Crash()
-	down.start = time.Now()
-	mark := l.answered.Load()
-	waitFor(t, ctx, "answers while PostgreSQL is down", func() bool {
-		return l.answered.Load() >= mark+minAnswers && time.Since(down.start) >= minOutage
-	})
-	down.end = time.Now()
-	db.Restart()
-	down.back = time.Now()
-	advance("after the restart")
-	l.stopFeeding()
-	l.wait(t, ctx)
-	elapsed := time.Since(begin)
-
-	replies := l.snapshot()
-	execs := env.executions(t, ctx, l.keys)
-	rids := map[string]bool{} // of requests whose order committed
-	for _, ex := range execs {
-		for _, e := range ex {
-			rids[e.rid] = true
-		}
-	}
-
-	// Every answer is 201, or a 409 or 503 with Retry-After. A refusal
-	// committed nothing, but for a request under way at the crash whose
-	// COMMIT became durable without its answer: its handler saw an error
-	// and answered 503.
-	bad := failures{t: t}
-	var ambiguous []string
-	for _, r := range replies {
-		switch {
-		case r.err != nil:
-			bad.add("%v", r)
-		case r.status == http.StatusCreated:
-		case r.status == http.StatusConflict || r.status == http.StatusServiceUnavailable:
-			if err := checkRetryAfter(r, lease); err != nil {
-				bad.add("%v", err)
-			}
-			switch {
-			case !rids[r.rid]:
-			case r.status == http.StatusServiceUnavailable && r.sent.Before(down.start) && !r.recv.Before(crashed):
-				ambiguous = append(ambiguous, r.key)
-			default:
-				bad.add("refused, but its order committed: %v", r)
-			}
-		default:
-			bad.add("unexpected answer %v", r)
-		}
-	}
-	bad.report("answers")
-
-	// Fail closed: what was sent and answered while the database was down
-	// is a 503, never an order.
-	oc := down.check(t, replies, "PostgreSQL was down")
-
-	// One order per key; every duplicate's final answer is the response
-	// of that order's execution: its own answer, or a replay of it byte
-	// for byte.
-	once := failures{t: t}
-	answer := map[string]*reply{} // per key, the answer that made or replayed its order's response
-	var executed int
-	for _, key := range l.keys {
-		ex := execs[key]
-		executed += len(ex)
-		if len(ex) != 1 {
-			once.add("%s: %d orders, want 1: %v", key, len(ex), ex)
-			continue
-		}
-		finals := l.finals[key]
-		if len(finals) != l.cfg.dups {
-			once.add("%s: %d final answers, want %d", key, len(finals), l.cfg.dups)
-			continue
-		}
-		var orig *reply // the executed answer, when one reached its client
-		for _, r := range finals {
-			switch {
-			case r.status != http.StatusCreated:
-				once.add("%s: final answer %v", key, r)
-			case r.exec != ex[0].id():
-				once.add("%s: answer %v is not from the order's execution %v", key, r, ex[0])
-			case r.replayed:
-			case r.rid != ex[0].rid || orig != nil:
-				once.add("%s: answer %v executed, but the order is of %v", key, r, ex[0])
-			default:
-				orig = r
-			}
-		}
-		ref := orig
-		if ref == nil {
-			ref = finals[0] // rebuilt: the execution's answer never reached its client
-		}
-		for _, r := range finals {
-			if !r.sameResponse(ref) {
-				once.add("%s: answer %v differs from %v", key, r, ref)
-			}
-		}
-		answer[key] = ref
-	}
-	once.report("orders")
-
-	// The records survived the restart: every key, asked once more,
-	// replays its answer and commits nothing.
-	checkAskedAgain(t, ctx, c, srvs, l.keys, answer, execs, func() map[string][]execution { return env.executions(t, ctx, l.keys) })
-	states := env.states(t, ctx)
-	if states["processing"] != 0 || states["done"]+states["committed"] != len(l.keys) || states["committed"] > len(ambiguous) {
-		t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
-	}
-
-	figure(t, "lease %v, 3 processes, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, %d answered 503; "+
-		"PostgreSQL down (immediate shutdown, restart) for %v: %d requests sent and answered meanwhile, %d of them 503 with Retry-After; "+
-		"after the restart: first success %v, last 503 %v; %d orders, one per key (%d committed as the server died, answered 503, "+
-		"then rebuilt); %d keys asked again: all replayed",
-		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
-		ms(down.end.Sub(down.start)), oc.n, oc.refused, ms(oc.firstOK), ms(oc.last503), executed, len(ambiguous), len(l.keys))
+	testRestartFailsClosed(t, db, newPG(t, db.DSN(), store), faultConfig{name: "PostgreSQL", prefix: "pg-outage-",
+		lease: 6 * time.Second, workers: 48, crash: "immediate shutdown"})
 }

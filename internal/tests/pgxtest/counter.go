@@ -25,10 +25,15 @@ var _ pgx.QueryTracer = (*Counter)(nil)
 
 // Configure makes cfg's connections report to c: a pool option for
 // [Pool]. It replaces the config's tracer, and wraps its dialer.
-func (c *Counter) Configure(cfg *pgxpool.Config) {
-	cfg.ConnConfig.Tracer = c
-	dial := cfg.ConnConfig.DialFunc
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+func (c *Counter) Configure(cfg *pgxpool.Config) { c.ConfigureConn(cfg.ConnConfig) }
+
+// ConfigureConn is Configure for a connection's config, such as the one
+// that pgx's database/sql driver (stdlib.OpenDB) opens its connections
+// with.
+func (c *Counter) ConfigureConn(cfg *pgx.ConnConfig) {
+	cfg.Tracer = c
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err

@@ -62,8 +62,9 @@
 // With -pg it runs on PostgreSQL instead: records in pgstore's table, and
 // POST /orders an order service whose order row and fence share one
 // transaction (see pgFlags in orders.go); -redis and -count-redis are then
-// unused. With -mysql, the same on MySQL or MariaDB through database/sql
-// and sqlstore.
+// unused; -pg-store sqlstore keeps them in sqlstore's table instead,
+// through database/sql and pgx's driver. With -mysql, the same on MySQL
+// or MariaDB through database/sql and sqlstore.
 //
 // The records' store is redisstore on a go-redis client with
 // redisstore.ClientOptions, the options recommended for a request path

@@ -26,7 +26,7 @@ import (
 // in pgstore's table and POST /orders is an order service whose business
 // row and fence share one transaction.
 //
-//	idemserver -pg DSN [-pg-table idem_keys] [-orders-table orders] [-pg-conns 16]
+//	idemserver -pg DSN [-pg-store pgstore|sqlstore] [-pg-table idem_keys] [-orders-table orders] [-pg-conns 16]
 //	           [-gate-at before-fence|after-commit] [-rebuild] [-no-fence]
 //
 // The handler, in one transaction begun with the request's context,
@@ -52,13 +52,20 @@ import (
 // with the columns id (bigserial), key, exec, rid, owner (text), pid
 // (int), seq and at_ns (bigint).
 //
+// With -pg-store sqlstore, the same service runs on PostgreSQL through
+// database/sql and pgx's driver (github.com/jackc/pgx/v5/stdlib): records
+// in sqlstore's table (-pg-table, sqlstore.PostgreSQL), the order
+// inserted, Store.Fence called and the transaction committed on one
+// *sql.Tx; the other flags are the same (-pg-conns bounds the sql.DB's
+// connections).
+//
 // With -mysql DSN instead (a go-sql-driver/mysql DSN naming the database),
-// the same service runs on MySQL or MariaDB through database/sql: records
-// in sqlstore's table (-mysql-table, sqlstore.MySQL), the order inserted,
-// Store.Fence called and the transaction committed on one *sql.Tx; the
-// other flags are the same (-pg-conns bounds the sql.DB's connections).
+// the same service runs on MySQL or MariaDB through database/sql, as with
+// -pg-store sqlstore: records in sqlstore's table (-mysql-table,
+// sqlstore.MySQL), the orders table's id an AUTO_INCREMENT.
 type pgFlags struct {
 	dsn, table, orders string
+	pgStore            string
 	mysql, sqlTable    string
 	conns              int
 	gateAt             string
@@ -67,7 +74,8 @@ type pgFlags struct {
 
 func (f *pgFlags) register() {
 	flag.StringVar(&f.dsn, "pg", "", "PostgreSQL DSN: records in pgstore, and POST /orders commits an order row with the fence")
-	flag.StringVar(&f.table, "pg-table", pgstore.DefaultTable, "pgstore's table")
+	flag.StringVar(&f.table, "pg-table", pgstore.DefaultTable, "the records' table on PostgreSQL (pgstore's, or sqlstore's with -pg-store sqlstore)")
+	flag.StringVar(&f.pgStore, "pg-store", "pgstore", "the records' store with -pg: pgstore (pgx) or sqlstore (database/sql, pgx's driver, sqlstore.PostgreSQL)")
 	flag.StringVar(&f.mysql, "mysql", "", "MySQL or MariaDB DSN (go-sql-driver/mysql, naming the database): records in sqlstore, and POST /orders as with -pg")
 	flag.StringVar(&f.sqlTable, "mysql-table", sqlstore.DefaultTable, "sqlstore's table")
 	flag.StringVar(&f.orders, "orders-table", "orders", "the orders table (see pgFlags)")
@@ -125,8 +133,16 @@ func gateAfterCommit(gateAt *string) (bool, error) {
 	return *gateAt == "after-commit", nil
 }
 
-// open connects to the database and returns the service.
+// open connects to the PostgreSQL of -pg and returns the service, on the
+// store that -pg-store names.
 func (f *pgFlags) open(g *gate, delay time.Duration) (*orders, error) {
+	switch f.pgStore {
+	case "pgstore":
+	case "sqlstore":
+		return f.openSQLPG(g, delay)
+	default:
+		return nil, fmt.Errorf("-pg-store %q: want pgstore or sqlstore", f.pgStore)
+	}
 	after, err := gateAfterCommit(&f.gateAt)
 	if err != nil {
 		return nil, err
