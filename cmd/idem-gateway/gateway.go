@@ -218,8 +218,12 @@ func newProxy(u *Upstream, t *http.Transport, log *slog.Logger, maxBody int) htt
 			return nil
 		},
 		Transport: nethttp.ProxyTransport(t),
-		// Streams (SSE, chunked answers) are passed on as they come.
-		FlushInterval: -1,
+		// FlushInterval 0: ReverseProxy passes streams on as they come
+		// (text/event-stream, and answers of unknown length, which a
+		// protected request's never is: see readWhole), and holds a small
+		// answer of known length until the handler returns, that is until
+		// its record is stored: a client that retries the moment it has
+		// its answer finds the record, not the execution in flight.
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 				log.Debug("client went away while the upstream worked", "method", r.Method, "route", r.Pattern)

@@ -607,3 +607,21 @@ func TestProcessKilled(t *testing.T) {
 	}
 	t.Logf("lease %v: 409 with Retry-After %d times, for %v after the kill, then sent on", lease, conflicts, after.Round(time.Millisecond))
 }
+
+// A client that retries the moment it has its answer finds the stored
+// response, not the execution in flight: the gateway holds a small answer
+// until its record is stored.
+func TestProcessRetryAtOnceReplays(t *testing.T) {
+	up := newUpstream(t)
+	gw := startGateway(t, memoryConfig(up, ""))
+	ctx := deadline(t, time.Minute)
+	c := &http.Client{}
+	for i := range 300 {
+		key := fmt.Sprintf("at-once-%d", i)
+		first := post(ctx, c, gw.url("/orders"), key, `{}`)
+		again := post(ctx, c, gw.url("/orders"), key, `{}`)
+		if first.status != http.StatusCreated || !again.replayed || again.body != first.body {
+			t.Fatalf("try %d: %v, then at once %v; want the replay", i, first, again)
+		}
+	}
+}
