@@ -2,13 +2,9 @@ module github.com/idemkit/idem/grpcidem
 
 go 1.26.0
 
-replace github.com/idemkit/idem => ../
-
-replace github.com/idemkit/idem/storage/redisstore => ../storage/redisstore
-
 require (
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/storage/redisstore v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0

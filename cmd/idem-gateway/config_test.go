@@ -206,3 +206,15 @@ func TestExampleConfigs(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionFlag: -version prints the version and reads no file; the
+// linked version (GoReleaser's, the Dockerfile's) wins over the module's.
+func TestVersionFlag(t *testing.T) {
+	defer func(v string) { version = v }(version)
+	version = "v9.8.7"
+	var stdout, stderr strings.Builder
+	code := cli([]string{"-version", "-config", filepath.Join(t.TempDir(), "missing.yaml")}, &stdout, &stderr)
+	if code != 0 || !strings.HasPrefix(stdout.String(), "idem-gateway v9.8.7 go") || stderr.Len() != 0 {
+		t.Errorf("idem-gateway -version: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}

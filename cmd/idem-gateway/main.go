@@ -9,6 +9,7 @@
 //	idem-gateway -config gateway.yaml          # serve
 //	idem-gateway -config gateway.yaml -check   # validate the file and exit
 //	idem-gateway -reference                    # print every configuration field
+//	idem-gateway -version                      # print its version and exit
 //
 // It is configured by one YAML file, every field checked at start (an
 // error names the file, the line and the field). SIGTERM or SIGINT stop
@@ -32,7 +33,14 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/idemkit/idem/internal/buildinfo"
 )
+
+// version is the release this binary was built as, when the build says so
+// (-ldflags "-X main.version=v1.2.3": GoReleaser and the Dockerfile do);
+// otherwise -version reads the module's version from the binary.
+var version string
 
 func main() {
 	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
@@ -45,12 +53,17 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	file := fs.String("config", "idem-gateway.yaml", "the configuration file")
 	check := fs.Bool("check", false, "validate the configuration file and exit: 0 when it is valid")
 	reference := fs.Bool("reference", false, "print the configuration's fields, their defaults and meaning (Markdown), and exit")
+	printVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "idem-gateway: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *printVersion {
+		fmt.Fprintln(stdout, buildinfo.Line("idem-gateway", version))
+		return 0
 	}
 	if *reference {
 		fmt.Fprint(stdout, configReference())

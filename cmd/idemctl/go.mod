@@ -2,20 +2,12 @@ module github.com/idemkit/idem/cmd/idemctl
 
 go 1.26.0
 
-replace github.com/idemkit/idem => ../..
-
-replace github.com/idemkit/idem/storage/redisstore => ../../storage/redisstore
-
-replace github.com/idemkit/idem/storage/pgstore => ../../storage/pgstore
-
-replace github.com/idemkit/idem/storage/sqlstore => ../../storage/sqlstore
-
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/sqlstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/storage/pgstore v0.1.0
+	github.com/idemkit/idem/storage/redisstore v0.1.0
+	github.com/idemkit/idem/storage/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )

@@ -536,6 +536,17 @@ func TestUsage(t *testing.T) {
 	}
 }
 
+// TestVersion: -version prints the version, with no store and no command;
+// the linked version, GoReleaser's, wins over the module's.
+func TestVersion(t *testing.T) {
+	defer func(v string) { version = v }(version)
+	version = "v9.8.7"
+	out, errOut := mustRun(t, 0, "", "-version")
+	if !strings.HasPrefix(out, "idemctl v9.8.7 go") || errOut != "" {
+		t.Errorf("idemctl -version: stdout %q, stderr %q", out, errOut)
+	}
+}
+
 // TestEnvironment: without a store flag, the environment names the store,
 // one at most; a store flag overrides it.
 func TestEnvironment(t *testing.T) {

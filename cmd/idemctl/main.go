@@ -128,11 +128,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/buildinfo"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
 	"github.com/idemkit/idem/storage/sqlstore"
 )
+
+// version is the release this binary was built as, when the build says so
+// (-ldflags "-X main.version=v1.2.3": GoReleaser does); otherwise -version
+// reads the module's version from the binary.
+var version string
 
 // help is what idemctl -h prints.
 const help = `idemctl shows what an idem store holds, and removes an entry by hand.
@@ -163,6 +169,7 @@ Global flags, before the command. Exactly one store:
 
   -json                      print JSON (package idemadmin's) instead of text
   -timeout D                 bound the command, but for rm's question (default 30s)
+  -version                   print idemctl's version and exit
 
 Commands:
 
@@ -336,8 +343,13 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	fs.StringVar(&g.table, "table", pgstore.DefaultTable, "")
 	fs.BoolVar(&g.json, "json", false, "")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "")
+	printVersion := fs.Bool("version", false, "")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *printVersion {
+		fmt.Fprintln(c.stdout, buildinfo.Line("idemctl", version))
+		return nil
 	}
 	if fs.NArg() == 0 {
 		return usageError("no command: inspect, ls, rm or stats")

@@ -2,31 +2,17 @@ module github.com/idemkit/idem/internal/tests
 
 go 1.26.0
 
-replace github.com/idemkit/idem => ../../
-
-replace github.com/idemkit/idem/ginidem => ../../ginidem
-
-replace github.com/idemkit/idem/echoidem => ../../echoidem
-
-replace github.com/idemkit/idem/storage/redisstore => ../../storage/redisstore
-
-replace github.com/idemkit/idem/storage/rueidisstore => ../../storage/rueidisstore
-
-replace github.com/idemkit/idem/storage/pgstore => ../../storage/pgstore
-
-replace github.com/idemkit/idem/storage/sqlstore => ../../storage/sqlstore
-
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gin-gonic/gin v1.12.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/echoidem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/ginidem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/pgstore v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/redisstore v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/rueidisstore v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/storage/sqlstore v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/echoidem v0.1.0
+	github.com/idemkit/idem/ginidem v0.1.0
+	github.com/idemkit/idem/storage/pgstore v0.1.0
+	github.com/idemkit/idem/storage/redisstore v0.1.0
+	github.com/idemkit/idem/storage/rueidisstore v0.1.0
+	github.com/idemkit/idem/storage/sqlstore v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jmoiron/sqlx v1.4.0
 	github.com/labstack/echo/v4 v4.16.0

@@ -2,11 +2,9 @@ module github.com/idemkit/idem/storage/rueidisstore
 
 go 1.26.0
 
-replace github.com/idemkit/idem => ../../
-
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
 	github.com/redis/rueidis v1.0.79
 )
 

@@ -2,11 +2,9 @@ module github.com/idemkit/idem/storage/sqlstore
 
 go 1.25.0
 
-replace github.com/idemkit/idem => ../../
-
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/lib/pq v1.12.3
 )
