@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -122,7 +123,7 @@ func (c *checker) run(ctx context.Context) error {
 // get adds the library module m alone to an empty module and builds its
 // packages.
 func (c *checker) get(ctx context.Context, m mod) error {
-	fmt.Fprintf(c.out, "go get %s@%s, alone, and build its packages\n", m.Path, c.version)
+	fmt.Fprintf(c.out, "go get %s@%s, alone, and build its packages; then go mod tidy a program that imports them\n", m.Path, c.version)
 	dir, err := c.consumer(m.Path, "")
 	if err != nil {
 		return err
@@ -133,7 +134,32 @@ func (c *checker) get(ctx context.Context, m mod) error {
 	if err := c.requiresAt(ctx, dir, m); err != nil {
 		return err
 	}
-	_, err = c.goCmd(ctx, dir, nil, "build", m.Path+"/...")
+	if _, err := c.goCmd(ctx, dir, nil, "build", m.Path+"/..."); err != nil {
+		return err
+	}
+	// Then as a program that imports every package of the module's API:
+	// go mod tidy also resolves what the tests of those packages import.
+	out, err := c.goCmd(ctx, dir, nil, "list", "-f", "{{if ne .Name \"main\"}}{{.ImportPath}}{{end}}", m.Path+"/...")
+	if err != nil {
+		return err
+	}
+	src := "package main\n\nimport (\n"
+	for _, pkg := range strings.Fields(out) {
+		if !slices.Contains(strings.Split(strings.TrimPrefix(pkg, m.Path), "/"), "internal") {
+			src += "\t_ \"" + pkg + "\"\n"
+		}
+	}
+	src += ")\n\nfunc main() {}\n"
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+		return err
+	}
+	if _, err := c.goCmd(ctx, dir, nil, "mod", "tidy"); err != nil {
+		return err
+	}
+	if err := c.requiresAt(ctx, dir, m); err != nil {
+		return err
+	}
+	_, err = c.goCmd(ctx, dir, nil, "build", "-o", filepath.Join(dir, "program"), ".")
 	return err
 }
 

@@ -13,6 +13,7 @@
 // the repository would, each step in an empty module with GOWORK=off and a
 // module cache of its own:
 //   - go get each library module alone at VERSION, and build its packages;
+//     then go mod tidy a program that imports every package of its API;
 //   - go install each command at VERSION, and run it with -version, which
 //     must print VERSION;
 //   - build a service on the core module with the core's go directive (Go
