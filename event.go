@@ -27,8 +27,10 @@ const (
 	// NotReplayable: the handler ran but its response could not be kept
 	// whole (too large, hijacked, the connection failed before the handler
 	// had written all it meant to, it panicked after the response started
-	// to go out (Err is the *PanicError), or it called MarkDone and answered
-	// a status that is not cacheable); the key is done and retries get 409.
+	// to go out (Err is the *PanicError), it called MarkDone and answered
+	// a status that is not cacheable, or the store refused the record as
+	// too large (Err wraps storage.ErrTooLarge)); the key is done and
+	// retries get 409.
 	NotReplayable
 	// Rejected: 400 or 413, the key or the body was refused before any
 	// store access, or the key was not issued (ErrKeyNotIssued, see

@@ -109,13 +109,14 @@ func (e *execution) keep(rec *httprec.Record, whole bool, status int, sent bool,
 	}
 	if err == nil {
 		e.fin.start(f.caller, f.m.cfg.lease)
-		err = f.complete(&e.fin, b)
+		recStatus := rec.Status
+		err = f.keepRecord(&e.fin, b, recStatus)
 		e.fin.stop()
 		retrying := retryable(err)
 		if retrying {
 			kept := bytes.Clone(b) // b's pooled buffer goes back below
 			fc := *f               // a copy, for the reason given in end
-			f.later(outcome, status, cause, err, len(kept), func(ctx context.Context) error { return fc.complete(ctx, kept) })
+			f.later(outcome, status, cause, err, len(kept), func(ctx context.Context) error { return fc.keepRecord(ctx, kept, recStatus) })
 		}
 		*buf = b
 		putBuf(buf)
@@ -142,6 +143,37 @@ func (f *finish) encode(rec *httprec.Record) (b []byte, buf *[]byte, err error) 
 func (f *finish) complete(ctx context.Context, b []byte) error {
 	return f.m.store.Complete(ctx, f.skey, f.owner, b, f.m.cfg.ttl)
 }
+
+// keepRecord completes the entry with b, the encoded record of a response
+// sent with status. A store that refuses b for its size
+// ([storage.ErrTooLarge]: a permanent refusal that changed nothing) gets
+// instead a record that says only that the response was not kept, which
+// any store takes: the key is done, and retries get 409 ErrNotReplayable
+// (or WithRebuild's answer), never a second run. Treating the refusal as
+// an outage would retry it for a lease and then free the key. The
+// substitute's success is returned as a *refusedError, which [settled]
+// turns into the NotReplayable outcome.
+func (f *finish) keepRecord(ctx context.Context, b []byte, status int) error {
+	err := f.complete(ctx, b)
+	if !errors.Is(err, storage.ErrTooLarge) {
+		return err
+	}
+	small, encErr := (&httprec.Record{Status: status, NotReplayable: true}).AppendBinary(nil)
+	if encErr != nil { // b encoded with this status, so this one does
+		return errors.Join(err, encErr)
+	}
+	if err2 := f.complete(ctx, small); err2 != nil {
+		return err2
+	}
+	return &refusedError{err}
+}
+
+// refusedError is the result of [finish.keepRecord] when the store refused
+// the record for its size and took the not-replayable record instead.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
 
 // emit tells the observer how the execution ended.
 func (f *finish) emit(ctx context.Context, o Outcome, status int, err error) {
@@ -311,14 +343,19 @@ func (p *pending) give(size int) {
 // by itself: not a refusal of the lease nor of the arguments, nor a value
 // under the key that is not an entry.
 func retryable(err error) bool {
-	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid) && !errors.Is(err, storage.ErrCorrupt)
+	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid) &&
+		!errors.Is(err, storage.ErrCorrupt) && !errors.Is(err, storage.ErrTooLarge)
 }
 
 // settled is the outcome and error of an execution meant to end with
 // outcome (and cause, such as the handler's panic) whose last store call
 // returned err.
 func settled(outcome Outcome, cause, err error) (Outcome, error) {
+	var refused *refusedError
 	switch {
+	case errors.As(err, &refused):
+		// Kept as done, not replayable: the event says why.
+		return NotReplayable, errors.Join(cause, refused.err)
 	case errors.Is(err, storage.ErrNotOwner):
 		outcome, err = LeaseLost, fmt.Errorf("%w: %w", ErrLeaseLost, err)
 	case err != nil:

@@ -79,6 +79,15 @@ var (
 	// that is not positive. Nothing was changed.
 	ErrInvalid = errors.New("storage: invalid argument")
 
+	// ErrTooLarge means Complete refused the record because it is larger
+	// than the store can keep (each store documents its limit). The
+	// refusal is permanent, not an outage: nothing was changed, the entry
+	// is still the owner's, and a Complete with a smaller record succeeds.
+	// The middleware then completes the entry with a record that says the
+	// response was not kept, so that retries get 409 ErrNotReplayable and
+	// never run the handler again.
+	ErrTooLarge = errors.New("storage: record too large for the store")
+
 	// ErrExists means [Issuer.Issue] found an entry, in any state, under
 	// the key it was to issue. Nothing was changed.
 	ErrExists = errors.New("storage: entry exists")
@@ -192,7 +201,9 @@ type Store interface {
 	// owner does not hold the entry (missing, issued, held by another
 	// owner, done by another owner even with an identical record, or done
 	// with another record), it returns ErrNotOwner and changes nothing.
-	// ErrInvalid for a ttl <= 0.
+	// ErrInvalid for a ttl <= 0. A record over the store's documented
+	// size limit is ErrTooLarge, and changes nothing; a store must accept
+	// any record of up to 1 KiB.
 	Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error
 
 	// Release deletes owner's processing entry so that a later Acquire

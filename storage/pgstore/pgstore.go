@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem/storage"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -50,6 +51,7 @@ type Store struct {
 
 	cleanupEvery time.Duration
 	batch        int
+	maxRecord    int
 
 	stop    context.CancelFunc
 	janitor sync.WaitGroup
@@ -69,7 +71,32 @@ type config struct {
 	table        string
 	cleanupEvery time.Duration
 	batch        int
+	maxRecord    int
 	clock        string // SQL that reads the clock; tests only (export_test.go)
+}
+
+// DefaultMaxRecordBytes is the longest record Complete keeps unless
+// WithMaxRecordBytes says otherwise: PostgreSQL's limit of 1 GB on one
+// field, less 1 KiB for the rest of the statement.
+const DefaultMaxRecordBytes = 1<<30 - 1024
+
+// pgProgramLimitExceeded is the SQLSTATE of a value over a server limit.
+const pgProgramLimitExceeded = "54000"
+
+// WithMaxRecordBytes bounds the records Complete keeps to n bytes,
+// [DefaultMaxRecordBytes] by default; n <= 0 or over the default keeps
+// the default. A longer record is refused with an error wrapping
+// [storage.ErrTooLarge], before anything is sent, and the middleware then
+// keeps the key done but not replayable (409 ErrNotReplayable, no second
+// run). The middleware's own WithMaxResponseBody (1 MiB by default) keeps
+// records far smaller: this bounds the rows of a table that applications
+// with other settings share.
+func WithMaxRecordBytes(n int) Option {
+	return func(c *config) {
+		if n > 0 && n < DefaultMaxRecordBytes {
+			c.maxRecord = n
+		}
+	}
 }
 
 // WithTable sets the table, [DefaultTable] by default: a name of lower-case
@@ -116,7 +143,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: nil pool")
 	}
-	c := config{table: DefaultTable, cleanupEvery: DefaultCleanupInterval, batch: DefaultCleanupBatch}
+	c := config{table: DefaultTable, cleanupEvery: DefaultCleanupInterval, batch: DefaultCleanupBatch, maxRecord: DefaultMaxRecordBytes}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -126,7 +153,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, table: c.table, sql: newStatements(id, c.clock), cleanupEvery: c.cleanupEvery, batch: c.batch}
+	s := &Store{pool: pool, table: c.table, sql: newStatements(id, c.clock), cleanupEvery: c.cleanupEvery, batch: c.batch, maxRecord: c.maxRecord}
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
 	s.janitor.Add(1)
@@ -704,9 +731,12 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 // that owner and the same record; by another owner, even with an
 // identical record, it is ErrNotOwner. When a transaction that fenced the
 // owner's entry is still open, it returns at once an error wrapping
-// [ErrLocked], having changed nothing (the middleware tries again). Errors
-// wrap [storage.ErrNotOwner], [ErrLocked] or [storage.ErrInvalid], or say
-// that the database could not be reached or failed.
+// [ErrLocked], having changed nothing (the middleware tries again). A
+// record longer than [WithMaxRecordBytes] allows, or one the server
+// refuses for its size (SQLSTATE 54000), is [storage.ErrTooLarge], and
+// changes nothing. Errors wrap [storage.ErrNotOwner], [ErrLocked],
+// [storage.ErrTooLarge] or [storage.ErrInvalid], or say that the database
+// could not be reached or failed.
 func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("pgstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
@@ -714,8 +744,14 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 	if record == nil {
 		record = []byte{}
 	}
+	if len(record) > s.maxRecord {
+		return fmt.Errorf("pgstore: complete: %w: %d bytes, at most %d", storage.ErrTooLarge, len(record), s.maxRecord)
+	}
 	tag, err := s.pool.Exec(ctx, s.sql.complete, bytes(key), bytes(owner), record, ms(ttl))
 	if err != nil {
+		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == pgProgramLimitExceeded {
+			return fmt.Errorf("pgstore: complete: %w: %w", storage.ErrTooLarge, err)
+		}
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
 	if tag.RowsAffected() == 1 {

@@ -30,8 +30,13 @@ type db struct {
 	store *pgstore.Store
 }
 
-// open creates a table of the test's own and a store on it, closed when
-// the test ends.
+// storeMax is the WithMaxRecordBytes of the tests' stores, the contract
+// suite's MaxRecord.
+const storeMax = 1<<20 + 1024
+
+// open creates a table of the test's own and a store on it (records of at
+// most storeMax bytes, unless opts say otherwise), closed when the test
+// ends.
 func open(t testing.TB, opts ...pgstore.Option) *db {
 	t.Helper()
 	pool := testPool(t)
@@ -41,7 +46,7 @@ func open(t testing.TB, opts ...pgstore.Option) *db {
 func openOn(t testing.TB, pool *pgxpool.Pool, opts ...pgstore.Option) *db {
 	t.Helper()
 	d := &db{t: t, pool: pool, table: testTable(t, pool)}
-	s, err := pgstore.New(pool, append(opts, pgstore.WithTable(d.table))...)
+	s, err := pgstore.New(pool, append([]pgstore.Option{pgstore.WithMaxRecordBytes(storeMax)}, append(opts, pgstore.WithTable(d.table))...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +122,7 @@ func frozenClock(t testing.TB, pool *pgxpool.Pool) (expr string, advance func(ti
 // pool's database: Commit fences the owner's entry in a transaction that
 // commits.
 func harness(pool *pgxpool.Pool, store *pgstore.Store, advance func(time.Duration)) storagetest.Harness {
-	return storagetest.Harness{Store: store, Advance: advance,
+	return storagetest.Harness{Store: store, Advance: advance, MaxRecord: storeMax,
 		Commit: func(ctx context.Context, key, owner string, ttl time.Duration) error {
 			tx, err := pool.Begin(ctx)
 			if err != nil {

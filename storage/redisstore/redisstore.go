@@ -141,6 +141,8 @@ type Store struct {
 	prefix string
 	guard  redisproto.Guard
 	now    func() time.Time // the clock that stamps entries
+	// maxRecord is the longest record Complete sends (WithMaxRecordBytes).
+	maxRecord int
 }
 
 var (
@@ -157,6 +159,25 @@ type Option func(*Store)
 // Cluster slot, which is rarely wanted: the middleware's keys are hashes,
 // and spreading them across slots spreads the load.
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
+
+// WithMaxRecordBytes bounds the records Complete keeps to n bytes,
+// 512 MiB (Redis's default proto-max-bulk-len) by default; n <= 0 keeps
+// the default. A longer record is refused before anything is sent, with
+// an error wrapping [storage.ErrTooLarge], and the middleware then keeps
+// the key done but not replayable (409 ErrNotReplayable, no second run).
+// On a server whose proto-max-bulk-len is lowered, set n to at most that:
+// the server refuses a longer argument by closing the connection, which
+// the store cannot tell from an outage. The middleware's own
+// WithMaxResponseBody (1 MiB by default) keeps records far smaller; this
+// bounds the memory one entry takes on a Redis shared with applications
+// that set it higher.
+func WithMaxRecordBytes(n int) Option {
+	return func(s *Store) {
+		if n > 0 {
+			s.maxRecord = n
+		}
+	}
+}
 
 // New returns a Store that keeps its entries in rdb. It sends nothing to
 // Redis until used.
@@ -232,7 +253,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // but Issue's, whose retry may answer [storage.ErrExists] for the key it
 // issued.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{rdb: rdb, prefix: DefaultPrefix, now: time.Now}
+	s := &Store{rdb: rdb, prefix: DefaultPrefix, now: time.Now, maxRecord: redisproto.DefaultMaxRecord}
 	s.guard.Ask = s.askPolicy
 	for _, o := range opts {
 		if o != nil {
@@ -472,13 +493,18 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 // record (a resend), and ErrNotOwner for any other owner, even with the
 // same record, and for a done entry of an older release, which does not
 // keep its owner (see the package doc's Layout). It is never refused for
-// the server's maxmemory-policy (see [New]). Errors wrap
-// [storage.ErrNotOwner] or [storage.ErrInvalid], or say that Redis could
+// the server's maxmemory-policy (see [New]). A record longer than
+// [WithMaxRecordBytes] allows is [storage.ErrTooLarge], and changes
+// nothing. Errors wrap [storage.ErrNotOwner], [storage.ErrTooLarge] or
+// [storage.ErrInvalid], or say that Redis could
 // not be reached, failed, or holds a value under the key that is not an
 // entry.
 func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	if err := redisproto.RecordTooLarge("redisstore", len(rec), s.maxRecord); err != nil {
+		return err
 	}
 	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: redisproto.Millis(ttl)}}
 	c.stamped(s.now())

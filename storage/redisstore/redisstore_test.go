@@ -62,6 +62,9 @@ func each(t *testing.T, f func(t *testing.T, rdb *redis.Client, mr *miniredis.Mi
 	}
 }
 
+// storeMax is the WithMaxRecordBytes of the contract suite's stores.
+const storeMax = 1<<20 + 1024
+
 func TestContractMiniredis(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		mr := miniredis.RunT(t)
@@ -75,17 +78,17 @@ func TestContractMiniredis(t *testing.T) {
 			mr.SetTime(time.Unix(0, now.Add(int64(d))))
 			mr.FastForward(d)
 		}
-		s := redisstore.New(client(t, mr.Addr()))
+		s := redisstore.New(client(t, mr.Addr()), redisstore.WithMaxRecordBytes(storeMax))
 		redisstore.SetClock(s, func() time.Time { return time.Unix(0, now.Load()) })
-		return storagetest.Harness{Store: s, Advance: advance}
+		return storagetest.Harness{Store: s, Advance: advance, MaxRecord: storeMax}
 	})
 }
 
 func TestContractRedis(t *testing.T) {
 	rdb := client(t, redistest.Addr(t))
-	s := redisstore.New(rdb, redisstore.WithPrefix(prefix("contract")))
+	s := redisstore.New(rdb, redisstore.WithPrefix(prefix("contract")), redisstore.WithMaxRecordBytes(storeMax))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: s}
+		return storagetest.Harness{Store: s, MaxRecord: storeMax}
 	})
 }
 
@@ -95,9 +98,9 @@ func TestContractRedis(t *testing.T) {
 func TestContractRedisCluster(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	s := redisstore.New(rdb, redisstore.WithPrefix(prefix("cluster")))
+	s := redisstore.New(rdb, redisstore.WithPrefix(prefix("cluster")), redisstore.WithMaxRecordBytes(storeMax))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: s}
+		return storagetest.Harness{Store: s, MaxRecord: storeMax}
 	})
 }
 

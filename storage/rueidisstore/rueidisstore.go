@@ -96,6 +96,8 @@ type Store struct {
 	prefix string
 	guard  redisproto.Guard
 	now    func() time.Time // the clock that stamps entries
+	// maxRecord is the longest record Complete sends (WithMaxRecordBytes).
+	maxRecord int
 }
 
 var (
@@ -113,6 +115,25 @@ type Option func(*Store)
 // Cluster slot, which is rarely wanted: the middleware's keys are hashes,
 // and spreading them across slots spreads the load.
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
+
+// WithMaxRecordBytes bounds the records Complete keeps to n bytes,
+// 512 MiB (Redis's default proto-max-bulk-len) by default; n <= 0 keeps
+// the default. A longer record is refused before anything is sent, with
+// an error wrapping [storage.ErrTooLarge], and the middleware then keeps
+// the key done but not replayable (409 ErrNotReplayable, no second run).
+// On a server whose proto-max-bulk-len is lowered, set n to at most that:
+// the server refuses a longer argument by closing the connection, which
+// the store cannot tell from an outage. The middleware's own
+// WithMaxResponseBody (1 MiB by default) keeps records far smaller; this
+// bounds the memory one entry takes on a Redis shared with applications
+// that set it higher.
+func WithMaxRecordBytes(n int) Option {
+	return func(s *Store) {
+		if n > 0 {
+			s.maxRecord = n
+		}
+	}
+}
 
 // New returns a Store that keeps its entries in the Redis behind c. It
 // sends nothing until used. It does not own c: the caller closes it, after
@@ -173,7 +194,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // Give c the options of [ClientOption], or options as bounded: rueidis's
 // defaults suit batch work, not a request path.
 func New(c rueidis.Client, opts ...Option) *Store {
-	s := &Store{c: c, prefix: DefaultPrefix, now: time.Now}
+	s := &Store{c: c, prefix: DefaultPrefix, now: time.Now, maxRecord: redisproto.DefaultMaxRecord}
 	s.guard.Ask = s.askPolicy
 	for _, o := range opts {
 		if o != nil {
@@ -522,8 +543,9 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 // record (a resend), and ErrNotOwner for any other owner, even with the
 // same record, and for a done entry of an older release, which does not
 // keep its owner. It is never refused for the server's maxmemory-policy
-// (see [New]). Errors wrap [storage.ErrNotOwner] or
-// [storage.ErrInvalid], or say that Redis could not be reached, failed,
+// (see [New]). A record longer than [WithMaxRecordBytes]
+// allows is [storage.ErrTooLarge], and changes nothing. Errors wrap
+// [storage.ErrNotOwner], [storage.ErrTooLarge] or [storage.ErrInvalid], or say that Redis could not be reached, failed,
 // or holds a value under the key that is not an entry.
 //
 // It sends a copy of rec, not rec itself: a command whose context ends
@@ -533,6 +555,9 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("rueidisstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	if err := redisproto.RecordTooLarge("rueidisstore", len(rec), s.maxRecord); err != nil {
+		return err
 	}
 	c := newCall(s.prefix, key, len(rec)+room+6+5)
 	defer c.free()

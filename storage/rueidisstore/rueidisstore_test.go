@@ -84,6 +84,9 @@ func get(t testing.TB, c rueidis.Client, key string) string {
 }
 
 // TestContractMiniredis runs the suite on miniredis, whose clocks move.
+// storeMax is the WithMaxRecordBytes of the contract suite's stores.
+const storeMax = 1<<20 + 1024
+
 func TestContractMiniredis(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
 		mr := miniredis.RunT(t)
@@ -97,18 +100,18 @@ func TestContractMiniredis(t *testing.T) {
 			mr.SetTime(time.Unix(0, now.Add(int64(d))))
 			mr.FastForward(d)
 		}
-		s := rueidisstore.New(client(t, mr.Addr()))
+		s := rueidisstore.New(client(t, mr.Addr()), rueidisstore.WithMaxRecordBytes(storeMax))
 		rueidisstore.SetClock(s, func() time.Time { return time.Unix(0, now.Load()) })
-		return storagetest.Harness{Store: s, Advance: advance}
+		return storagetest.Harness{Store: s, Advance: advance, MaxRecord: storeMax}
 	})
 }
 
 // TestContractRedis runs the suite on a real server, whose clock cannot
 // be moved: Advance is nil, and the expiry clauses wait.
 func TestContractRedis(t *testing.T) {
-	s := rueidisstore.New(client(t, redistest.Addr(t)), rueidisstore.WithPrefix(prefix("contract")))
+	s := rueidisstore.New(client(t, redistest.Addr(t)), rueidisstore.WithPrefix(prefix("contract")), rueidisstore.WithMaxRecordBytes(storeMax))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: s}
+		return storagetest.Harness{Store: s, MaxRecord: storeMax}
 	})
 }
 
@@ -120,9 +123,9 @@ func TestContractRedisCluster(t *testing.T) {
 	if m := c.Mode(); m != rueidis.ClientModeCluster {
 		t.Fatalf("client mode %s, want cluster", m)
 	}
-	s := rueidisstore.New(c, rueidisstore.WithPrefix(prefix("cluster")))
+	s := rueidisstore.New(c, rueidisstore.WithPrefix(prefix("cluster")), rueidisstore.WithMaxRecordBytes(storeMax))
 	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-		return storagetest.Harness{Store: s}
+		return storagetest.Harness{Store: s, MaxRecord: storeMax}
 	})
 }
 

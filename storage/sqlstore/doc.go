@@ -140,8 +140,12 @@
 //     statement over it makes the server answer 1153 and close the
 //     connection. Complete reads the server's max_allowed_packet once and
 //     refuses a record that does not fit (less 1 KiB) with
-//     [ErrRecordTooLarge], changing nothing. Keep the middleware's largest
-//     record below it (16 MiB on MariaDB's default, 64 MiB on MySQL 8's).
+//     [ErrRecordTooLarge], changing nothing; the middleware then keeps
+//     the key done but not replayable (409 ErrNotReplayable, no second
+//     run). Keep the middleware's largest record (WithMaxResponseBody,
+//     1 MiB by default, plus headers) below it, so that responses replay
+//     (16 MiB on MariaDB's default, 64 MiB on MySQL 8's; the smallest a
+//     server may set is 1 KiB, so a lowered one matters).
 //   - sql_mode: the store writes nothing a lax mode would truncate (keys
 //     and owners over 255 bytes are [storage.ErrInvalid], fingerprints are
 //     bounded by the contract), so it works in strict mode and without it
@@ -216,7 +220,7 @@
 //     over 1 GB less 1 KiB is [ErrRecordTooLarge] before anything is
 //     sent; drivers that send bytea as hex text (lib/pq) double it on the
 //     wire, and the server's memory bounds it long before: keep records
-//     far smaller (the middleware's WithMaxRecord).
+//     far smaller (the middleware's WithMaxResponseBody).
 //   - Prepared statements: the store prepares its statements on each
 //     connection (database/sql's *sql.Stmt). Behind PgBouncer in
 //     transaction pooling mode, use PgBouncer 1.21+ with

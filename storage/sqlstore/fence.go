@@ -60,8 +60,15 @@ import (
 // lock, the heartbeat cannot renew the lease (Extend answers ErrLocked):
 // keep the time from the Fence to the commit shorter than the lease.
 //
+// tx may come from the store's *sql.DB or from any other pool on the same
+// database (a pool with settings of the application's own, or the one of
+// an ORM).
+//
 // Round trips: one (the UPDATE), plus one the first time tx's connection
-// prepares it.
+// prepares it. On a pool other than the store's, the driver's own
+// statement handling decides (pgx caches the statement on its connection:
+// one; go-sql-driver/mysql prepares, runs and closes it: two, or one with
+// interpolateParams=true).
 func (s *Store) Fence(ctx context.Context, tx *sql.Tx) error {
 	l, ok := storage.LeaseFromContext(ctx)
 	if !ok {
@@ -82,6 +89,12 @@ func (s *Store) Fence(ctx context.Context, tx *sql.Tx) error {
 	)
 	if st := s.cached(s.sql.fence); st != nil {
 		res, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		if err != nil && err.Error() == errForeignStmt {
+			// tx is of another *sql.DB on the same database (a pool of
+			// the application's own): database/sql refuses the store's
+			// statement before sending anything, so tx is untouched.
+			res, err = tx.ExecContext(ctx, s.sql.fence, args...)
+		}
 	} else {
 		res, err = tx.ExecContext(ctx, s.sql.fence, args...)
 	}
@@ -97,3 +110,8 @@ func (s *Store) Fence(ctx context.Context, tx *sql.Tx) error {
 	}
 	return nil
 }
+
+// errForeignStmt is database/sql's error for a *sql.Stmt of another
+// *sql.DB given to Tx.StmtContext (unchanged since Go 1.0; it has no
+// sentinel). TestFenceOtherPool fails if it ever changes.
+const errForeignStmt = "sql: Tx.Stmt: statement from different database used"

@@ -463,3 +463,86 @@ func TestMiddlewareFence(t *testing.T) {
 		}
 	})
 }
+
+// TestFenceOtherPool: Fence with a transaction of another *sql.DB on the
+// same database (the package doc advises a pool of the store's own on
+// PostgreSQL when the database's default isolation is not READ
+// COMMITTED; here the application's pool runs REPEATABLE READ, or
+// MySQL's default) works, before and after the store has prepared its
+// own statement: the entry commits with the order, and a retry through
+// the middleware does not run the handler again. Issue 36: database/sql
+// refused the store's prepared statement for that transaction ("Tx.Stmt:
+// statement from different database used"), so every fenced request
+// got 500.
+func TestFenceOtherPool(t *testing.T) {
+	forEach(t, func(t *testing.T, b *backend) {
+		storeDB := b.testDB(t)
+		s := open(t, storeDB)
+		params := map[string]string{}
+		if b.dialect == sqlstore.PostgreSQL {
+			params["default_transaction_isolation"] = "repeatable read"
+		}
+		app := sameDB(t, storeDB, params)
+		if _, err := app.Exec(b.ordersDDL); err != nil {
+			t.Fatal(err)
+		}
+		m, err := idem.New(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int64
+		h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			tx, err := app.BeginTx(r.Context(), nil)
+			if err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			defer tx.Rollback()
+			if err := s.Fence(r.Context(), tx); err != nil { // first: REPEATABLE READ wants it so
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if _, err := tx.Exec(b.orderInsert); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if err := tx.Commit(); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "created")
+		}))
+		post := func(key string) *httptest.ResponseRecorder {
+			r := httptest.NewRequest(http.MethodPost, "/orders", nil)
+			r.Header.Set("Idempotency-Key", key)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w
+		}
+		// k1 before the store has prepared its fence statement; k2 after
+		// a fence on the store's own pool prepared it.
+		for i, key := range []string{"k1", "k2"} {
+			if i == 1 {
+				tx := fenceTx(t, storeDB, s, "warm-up", "o1", time.Minute)
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if w := post(key); w.Code != http.StatusCreated {
+				t.Fatalf("%s: %d %q, want 201", key, w.Code, w.Body)
+			}
+			if w := post(key); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("%s retry: %d %q, want the replayed 201", key, w.Code, w.Body)
+			}
+		}
+		var orders int
+		if err := app.QueryRow("SELECT COUNT(*) FROM orders").Scan(&orders); err != nil {
+			t.Fatal(err)
+		}
+		if orders != 2 || runs.Load() != 2 {
+			t.Fatalf("%d orders, %d runs; want 2 and 2", orders, runs.Load())
+		}
+	})
+}

@@ -6,13 +6,19 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/mysqltest"
+	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
 	"github.com/idemkit/idem/storage/sqlstore"
 	"github.com/idemkit/idem/storage/storagetest"
@@ -24,24 +30,8 @@ import (
 // smaller record then completes it), and corrupts nothing; a record that
 // fits, just under the limit, is stored and read back byte for byte.
 func TestRecordOverMaxAllowedPacket(t *testing.T) {
-	if os.Getenv(mysqltest.EnvDSN) != "" {
-		t.Skip("it sets the server's global max_allowed_packet: not on a server of " + mysqltest.EnvDSN + ", which other tests may share")
-	}
-	admin := mysqlB.testDB(t)
-	var old int64
-	if err := admin.QueryRow("SELECT @@GLOBAL.max_allowed_packet").Scan(&old); err != nil {
-		t.Fatal(err)
-	}
 	const limit = 64 << 10
-	if _, err := admin.Exec(fmt.Sprintf("SET GLOBAL max_allowed_packet = %d", limit)); err != nil {
-		t.Skipf("cannot set max_allowed_packet: %v", err)
-	}
-	t.Cleanup(func() { admin.Exec(fmt.Sprintf("SET GLOBAL max_allowed_packet = %d", old)) })
-	db := mysqlB.testDB(t) // new connections: they take the new limit
-	var got int64
-	if err := db.QueryRow("SELECT @@max_allowed_packet").Scan(&got); err != nil || got != limit {
-		t.Fatalf("session max_allowed_packet %d, %v", got, err)
-	}
+	db := lowPacket(t, limit)
 	s := open(t, db)
 	ctx := context.Background()
 	big := bytes.Repeat([]byte{0, 'x', 0xff, ' '}, limit/4+1)
@@ -245,5 +235,78 @@ func TestDeadlockRetried(t *testing.T) {
 	var deadlocks int64
 	if err := db.QueryRow("SELECT variable_value FROM information_schema.global_status WHERE variable_name = 'INNODB_DEADLOCKS'").Scan(&deadlocks); err == nil {
 		t.Logf("InnoDB deadlocks during the test: %d", deadlocks-deadlocksBefore)
+	}
+}
+
+// lowPacket sets the server's max_allowed_packet to limit until the test
+// ends and returns a pool whose connections have it.
+func lowPacket(t *testing.T, limit int64) *sql.DB {
+	t.Helper()
+	if os.Getenv(mysqltest.EnvDSN) != "" {
+		t.Skip("it sets the server's global max_allowed_packet: not on a server of " + mysqltest.EnvDSN + ", which other tests may share")
+	}
+	admin := mysqlB.testDB(t)
+	var old int64
+	if err := admin.QueryRow("SELECT @@GLOBAL.max_allowed_packet").Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(fmt.Sprintf("SET GLOBAL max_allowed_packet = %d", limit)); err != nil {
+		t.Skipf("cannot set max_allowed_packet: %v", err)
+	}
+	t.Cleanup(func() { admin.Exec(fmt.Sprintf("SET GLOBAL max_allowed_packet = %d", old)) })
+	db := mysqlB.testDB(t) // new connections: they take the new limit
+	var got int64
+	if err := db.QueryRow("SELECT @@max_allowed_packet").Scan(&got); err != nil || got != limit {
+		t.Fatalf("session max_allowed_packet %d, %v", got, err)
+	}
+	return db
+}
+
+// TestMiddlewareRecordTooLarge: an unfenced handler answers 128 KiB
+// (WithMaxResponseBody 1 MiB) to a server whose max_allowed_packet is 64
+// KiB. The client gets its answer; the key stays done, not replayable:
+// retries, also once the lease has run out (the server's clock an hour
+// on), get 409 ErrNotReplayable and the handler ran once. Issue 36: the
+// middleware retried ErrRecordTooLarge as an outage for a lease, then the
+// key freed and the next retry ran the handler again.
+func TestMiddlewareRecordTooLarge(t *testing.T) {
+	db := lowPacket(t, 64<<10)
+	s := open(t, db)
+	events := make(chan idem.Event, 4) // one a request
+	m, err := idem.New(s, idem.WithLease(time.Second), idem.WithMaxResponseBody(1<<20),
+		idem.WithObserver(func(ev idem.Event) { events <- ev }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Repeat("x", 128<<10)
+	var runs atomic.Int64
+	h := nethttp.Middleware(m)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, body)
+	}))
+	post := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/orders", nil)
+		r.Header.Set("Idempotency-Key", "big")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	if w := post(); w.Code != http.StatusCreated || w.Body.Len() != len(body) {
+		t.Fatalf("first: %d, %d bytes", w.Code, w.Body.Len())
+	}
+	if ev := <-events; ev.Outcome != idem.NotReplayable || !errors.Is(ev.Err, sqlstore.ErrRecordTooLarge) || !errors.Is(ev.Err, storage.ErrTooLarge) {
+		t.Fatalf("event %v %v, want not-replayable with ErrRecordTooLarge", ev.Outcome, ev.Err)
+	}
+	for i := range 2 {
+		if i == 1 {
+			shift(t, db, time.Hour)
+		}
+		if w := post(); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "ErrNotReplayable") {
+			t.Fatalf("retry %d: %d %q, want 409 ErrNotReplayable", i, w.Code, w.Body)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
 	}
 }

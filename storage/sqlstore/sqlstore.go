@@ -49,11 +49,14 @@ var ErrLocked = errors.New("sqlstore: entry locked by a transaction under way")
 // ErrRecordTooLarge is wrapped by the error of Complete for a record that
 // does not fit one statement of the server (MySQL's max_allowed_packet,
 // less 1 KiB for the rest of the statement; on PostgreSQL, the 1 GB limit
-// of one field, less the same). Nothing was changed: the entry is
-// still the owner's, and Release frees it. Keep the middleware's largest
-// record (its WithMaxRecord, or what the handlers can send) below the
-// server's max_allowed_packet (far below 1 GB on PostgreSQL).
-var ErrRecordTooLarge = errors.New("sqlstore: record larger than the server's max_allowed_packet allows")
+// of one field, less the same). It wraps [storage.ErrTooLarge]: nothing
+// was changed, the entry is still the owner's, and the middleware
+// completes it instead as done but not replayable (retries get 409
+// ErrNotReplayable; the handler does not run again). Keep the
+// middleware's largest record (idem.WithMaxResponseBody, 1 MiB by
+// default, plus the status line and headers) below the server's
+// max_allowed_packet, so that responses are replayed.
+var ErrRecordTooLarge = fmt.Errorf("sqlstore: record larger than the server's max_allowed_packet allows: %w", storage.ErrTooLarge)
 
 // Store is a storage.Store on a database/sql database. Create it with
 // [New]; the zero value is not usable. It is safe for concurrent use.
@@ -71,6 +74,8 @@ type Store struct {
 	mu       sync.Mutex
 	prepared map[string]*sql.Stmt
 	packet   int64 // the server's max_allowed_packet, once read
+	// maxRecord is WithMaxRecordBytes's bound; 0: none.
+	maxRecord int
 
 	stop    context.CancelFunc
 	janitor sync.WaitGroup
@@ -90,6 +95,17 @@ type config struct {
 	table        string
 	cleanupEvery time.Duration
 	batch        int
+	maxRecord    int
+}
+
+// WithMaxRecordBytes bounds the records Complete keeps to n bytes: a
+// longer one is [ErrRecordTooLarge] (the middleware then keeps the key
+// done but not replayable), as one over the server's own limit is (see
+// [Store.Complete]). n <= 0, the default, leaves only the server's limit.
+// A store shared by applications that cannot all bound their responses
+// may use it to bound the table's rows.
+func WithMaxRecordBytes(n int) Option {
+	return func(c *config) { c.maxRecord = max(n, 0) }
 }
 
 // WithTable sets the table, [DefaultTable] by default: a name of lower-case
@@ -156,7 +172,7 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 	}
 	quoted := dialect.quote(c.table)
 	s := &Store{db: db, dialect: dialect, table: c.table, quoted: quoted, bare: bare, sql: dialect.sql(quoted),
-		cleanupEvery: c.cleanupEvery, batch: c.batch, prepared: map[string]*sql.Stmt{}}
+		cleanupEvery: c.cleanupEvery, batch: c.batch, maxRecord: c.maxRecord, prepared: map[string]*sql.Stmt{}}
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
 	s.janitor.Add(1)
@@ -623,7 +639,8 @@ func (s *Store) lockedAnswer(ctx context.Context, op, key, owner string, done fu
 // When a transaction that fenced the owner's entry is still open, it
 // returns at once an error wrapping [ErrLocked], having changed nothing.
 // A record that does not fit the server's max_allowed_packet (MySQL) or
-// 1 GB (PostgreSQL) is [ErrRecordTooLarge], and changes nothing. Errors wrap
+// 1 GB (PostgreSQL), or is longer than [WithMaxRecordBytes] allows, is
+// [ErrRecordTooLarge], and changes nothing. Errors wrap
 // [storage.ErrNotOwner], [ErrLocked], [ErrRecordTooLarge] or
 // [storage.ErrInvalid], or say that the database could not be reached or
 // failed.
@@ -637,6 +654,9 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 	limit, err := s.maxPacket(ctx)
 	if err != nil {
 		return fmt.Errorf("sqlstore: complete: %w", err)
+	}
+	if s.maxRecord > 0 && len(record) > s.maxRecord {
+		return fmt.Errorf("sqlstore: complete: %w: %d bytes, WithMaxRecordBytes %d", ErrRecordTooLarge, len(record), s.maxRecord)
 	}
 	if int64(len(record))+packetOverhead > limit {
 		return fmt.Errorf("sqlstore: complete: %w: %d bytes, max_allowed_packet %d", ErrRecordTooLarge, len(record), limit)

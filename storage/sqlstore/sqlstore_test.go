@@ -46,14 +46,17 @@ func commit(db *sql.DB, store *sqlstore.Store) func(ctx context.Context, key, ow
 	}
 }
 
+// storeMax is the WithMaxRecordBytes of the contract suite's store.
+const storeMax = 1<<20 + 1024
+
 // TestContract runs the contract suite on the server's real clock, with
-// the inspection and committed-entry clauses.
+// the inspection, committed-entry and too-large clauses.
 func TestContract(t *testing.T) {
 	forEach(t, func(t *testing.T, b *backend) {
 		db := b.testDB(t)
-		s := open(t, db)
+		s := open(t, db, sqlstore.WithMaxRecordBytes(storeMax))
 		storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-			return storagetest.Harness{Store: s, Commit: commit(db, s)}
+			return storagetest.Harness{Store: s, Commit: commit(db, s), MaxRecord: storeMax}
 		})
 	})
 }

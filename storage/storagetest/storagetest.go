@@ -56,6 +56,16 @@
 // owner can no longer complete it; an issued key is spent), and Remove of
 // a missing key answers ErrNotFound.
 //
+// For a harness that sets MaxRecord, it checks that a record one byte over
+// it is refused with [storage.ErrTooLarge], changing nothing (the owner
+// still extends and completes the entry), and that one of MaxRecord bytes
+// is kept whole.
+//
+// For a harness that sets MaxRecord, it checks that a record one byte over
+// it is refused with [storage.ErrTooLarge], changing nothing (the owner
+// still extends and completes the entry), and that one of MaxRecord bytes
+// is kept whole.
+//
 // It uses the standard testing package only.
 package storagetest
 
@@ -96,6 +106,15 @@ type Harness struct {
 	// not hold the entry. Leave it nil for a store without committed
 	// entries: the Committed subtests are skipped.
 	Commit func(ctx context.Context, key, owner string, ttl time.Duration) error
+
+	// MaxRecord is the longest record the store keeps, in bytes, as this
+	// harness set it up (a store option such as WithMaxRecordBytes, or a
+	// server setting). The TooLarge subtests complete an entry with a
+	// record one byte longer, which the store must refuse with
+	// storage.ErrTooLarge, changing nothing, and then with one of
+	// MaxRecord bytes, which it must keep. Leave it 0 to skip them. At
+	// least 1 MiB: the Binary subtests keep a record of 1 MiB.
+	MaxRecord int
 }
 
 // Run runs the contract suite, one subtest per clause. newHarness is called
@@ -134,6 +153,51 @@ var groups = []struct {
 	{"Issuer", issuerCases},
 	{"Committed", committedCases},
 	{"Inspector", inspectorCases},
+	{"TooLarge", tooLargeCases},
+}
+
+// tooLargeCases: a record over the store's limit is a permanent refusal
+// that changes nothing (ErrTooLarge), not an outage and not a lost lease;
+// the middleware relies on it to keep the key done, not replayable.
+var tooLargeCases = []testCase{
+	{"RefusedChangesNothing", func(s *suite) {
+		max := s.maxRecord()
+		k := s.key()
+		s.acquire(k, "o1", "fp", minute)
+		err := s.Store.Complete(s.ctx, k, "o1", bytes.Repeat([]byte{0, 'x', 0xff}, max/3+1)[:max+1], hour)
+		s.is(err, storage.ErrTooLarge, fmt.Sprintf("Complete of %d bytes over a limit of %d", max+1, max))
+		if errors.Is(err, storage.ErrNotOwner) || errors.Is(err, storage.ErrInvalid) {
+			s.t.Fatalf("Complete of %d bytes: %v, want ErrTooLarge alone", max+1, err)
+		}
+		s.wantInFlight(k, "fp")
+		// The owner still holds the entry: it extends it and completes it
+		// with a record that fits.
+		if err := s.Store.Extend(s.ctx, k, "o1", minute); err != nil {
+			s.t.Fatalf("Extend after the refused Complete: %v", err)
+		}
+		s.complete(k, "o1", []byte("not replayable"), hour)
+		s.wantDone(k, "fp", []byte("not replayable"))
+	}},
+	{"AtTheLimitKept", func(s *suite) {
+		max := s.maxRecord()
+		k := s.key()
+		rec := bytes.Repeat([]byte{0xff, 0, 'y'}, max/3+1)[:max]
+		s.acquire(k, "o1", "fp", minute)
+		s.complete(k, "o1", rec, hour)
+		res := s.acquire(k, "o2", "fp", minute)
+		if res.State != storage.Done || !bytes.Equal(res.Record, rec) {
+			s.t.Fatalf("entry is %v with %d bytes, want done with the %d bytes completed", res.State, len(res.Record), len(rec))
+		}
+	}},
+}
+
+// maxRecord returns the harness's MaxRecord, skipping the test when it
+// has none.
+func (s *suite) maxRecord() int {
+	if s.MaxRecord <= 0 {
+		s.t.Skip("the harness sets no MaxRecord")
+	}
+	return s.MaxRecord
 }
 
 const (
