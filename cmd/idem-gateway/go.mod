@@ -3,6 +3,8 @@ module github.com/idemkit/idem/cmd/idem-gateway
 go 1.26.0
 
 require (
+	github.com/MicahParks/jwkset v0.11.4
+	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/idemkit/idem v0.1.0
 	github.com/idemkit/idem/storage/pgstore v0.1.0
 	github.com/idemkit/idem/storage/redisstore v0.1.0
@@ -29,6 +31,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	golang.org/x/time v0.9.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 

@@ -2,34 +2,36 @@ package main
 
 // The verifier of the jwt scope: a bearer token in compact JWS form, signed
 // with an HMAC secret or with one of the public keys of a JSON Web Key Set,
-// whose claim names the principal. Standard library only.
+// whose claim names the principal.
+//
+// github.com/golang-jwt/jwt/v5 parses the token, verifies its signature and
+// its registered claims (exp required, nbf, iat, iss, aud, with the leeway);
+// github.com/MicahParks/jwkset decodes the keys of a JWKS (jwks.go). What
+// stays here is the gateway's policy, each rule explicit: the config checks,
+// the algorithms accepted (never none, HS* only with a secret, the others
+// only with a JWKS), the key sizes, crit refused, the bounds of the token and
+// of the principal, and the refusals named in words safe to send to the
+// client.
 
 import (
+	"bytes"
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/hmac"
-	"crypto/rsa"
-	_ "crypto/sha256" // SHA-256 for HS256, RS256, PS256, ES256
-	_ "crypto/sha512" // SHA-384 and SHA-512 for the 384 and 512 variants
+	_ "crypto/sha256" // golang-jwt hashes with crypto.Hash: SHA-256 must be linked in
+	_ "crypto/sha512" // and SHA-384, SHA-512
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"math/big"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // Limits of the jwt scope.
@@ -46,12 +48,12 @@ const (
 	jwtMaxRSABits   = 8192             // largest RSA modulus (bounds the cost of a verification)
 )
 
-// jwtAlg describes a JWS algorithm (RFC 7518 section 3, RFC 8037).
+// jwtAlg describes a JWS algorithm (RFC 7518 section 3, RFC 8037): which
+// keys may verify it. golang-jwt verifies it, by the same name.
 type jwtAlg struct {
-	hash crypto.Hash // the digest; 0 for EdDSA, which signs the message itself
+	hash crypto.Hash // the digest (for HS*, the least size of the secret); 0 for EdDSA
 	kty  string      // the JWK key type: "oct" (HMAC), "RSA", "EC" or "OKP"
 	crv  string      // the curve of EC and OKP keys
-	pss  bool        // RSASSA-PSS rather than PKCS #1 v1.5
 }
 
 // jwtAlgs are the algorithms the gateway knows, by their alg name.
@@ -62,9 +64,9 @@ var jwtAlgs = map[string]jwtAlg{
 	"RS256": {hash: crypto.SHA256, kty: "RSA"},
 	"RS384": {hash: crypto.SHA384, kty: "RSA"},
 	"RS512": {hash: crypto.SHA512, kty: "RSA"},
-	"PS256": {hash: crypto.SHA256, kty: "RSA", pss: true},
-	"PS384": {hash: crypto.SHA384, kty: "RSA", pss: true},
-	"PS512": {hash: crypto.SHA512, kty: "RSA", pss: true},
+	"PS256": {hash: crypto.SHA256, kty: "RSA"},
+	"PS384": {hash: crypto.SHA384, kty: "RSA"},
+	"PS512": {hash: crypto.SHA512, kty: "RSA"},
 	"ES256": {hash: crypto.SHA256, kty: "EC", crv: "P-256"},
 	"ES384": {hash: crypto.SHA384, kty: "EC", crv: "P-384"},
 	"ES512": {hash: crypto.SHA512, kty: "EC", crv: "P-521"},
@@ -102,12 +104,13 @@ func (p jwtProblem) String() string {
 // jwks_file, jwks_url); an HMAC secret of at least 32 bytes, and for HS384
 // and HS512 named in algorithms at least as long as their digest (48 and 64
 // bytes, RFC 7518 section 3.2); a readable file, a set variable; a jwks_file
-// holding at least one key usable with the algorithms; a jwks_url that is an
-// absolute https URL, or http to a loopback host (127.0.0.1, ::1,
-// localhost); a non-empty claim; algorithms among HS256/384/512,
-// RS256/384/512, PS256/384/512, ES256/384/512 and EdDSA, each listed once,
-// HS* with an HMAC secret only and the others with a JWKS only; jwks_refresh
-// at least 10s; leeway between 0 and 5m.
+// holding at least one key usable with the algorithms (RSA of 2048 to 8192
+// bits); a jwks_url that is an absolute https URL, or http to a loopback
+// host (127.0.0.1, ::1, localhost); a non-empty claim; algorithms among
+// HS256/384/512, RS256/384/512, PS256/384/512, ES256/384/512 and EdDSA (never
+// none), each listed once, HS* with an HMAC secret only and the others with a
+// JWKS only (no alg confusion: a public key is never an HMAC secret);
+// jwks_refresh at least 10s; leeway between 0 and 5m.
 func checkJWT(c *JWTScope) []jwtProblem {
 	if c == nil {
 		return nil
@@ -227,58 +230,10 @@ func jwtSecret(c *JWTScope) ([]byte, error) {
 	return []byte(s), nil
 }
 
-// readJWKSFile reads a JWKS file of at most 1 MiB.
-func readJWKSFile(name string) ([]byte, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, jwtMaxJWKS+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > jwtMaxJWKS {
-		return nil, fmt.Errorf("%s is larger than %d bytes", name, jwtMaxJWKS)
-	}
-	return b, nil
-}
-
-// checkJWKSURL requires an absolute https URL, or http to a loopback host.
-func checkJWKSURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil {
-		return err
-	}
-	if !u.IsAbs() || u.Host == "" {
-		return fmt.Errorf("%q: want an absolute URL (https://issuer.example/.well-known/jwks.json)", s)
-	}
-	switch strings.ToLower(u.Scheme) {
-	case "https":
-		return nil
-	case "http":
-		if isLoopback(u.Hostname()) {
-			return nil
-		}
-		return fmt.Errorf("%q: http only to a loopback host (127.0.0.1, ::1, localhost); use https", s)
-	default:
-		return fmt.Errorf("%q: want https (or http to a loopback host)", s)
-	}
-}
-
-// isLoopback reports whether host is localhost or a loopback IP address.
-func isLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // jwtAllowed returns the algorithms c accepts: those listed, or by default
 // every one its key source allows (HS256, and HS384 and HS512 when the
 // secret of secretLen bytes is as long as their digest, for an HMAC secret;
-// the RSA, ECDSA and EdDSA ones for a JWKS).
+// the RSA, ECDSA and EdDSA ones for a JWKS). None is never among them.
 func jwtAllowed(c *JWTScope, secretLen int) map[string]bool {
 	hmacSource := c.HMACSecretFile != "" || c.HMACSecretEnv != ""
 	allowed := map[string]bool{}
@@ -297,155 +252,6 @@ func jwtAllowed(c *JWTScope, secretLen int) map[string]bool {
 		}
 	}
 	return allowed
-}
-
-// jwk is a usable public key of a JWKS.
-type jwk struct {
-	kid string
-	alg string // the only algorithm the key may verify; "" for any that fits its type
-	kty string
-	crv string
-	key any // *rsa.PublicKey, *ecdsa.PublicKey or ed25519.PublicKey
-}
-
-// fits reports whether the key may verify a token signed with alg.
-func (k *jwk) fits(name string, alg jwtAlg) bool {
-	return (k.alg == "" || k.alg == name) && k.kty == alg.kty && k.crv == alg.crv
-}
-
-// jwkJSON is a member of a JWKS's keys, as RFC 7517 and 7518 spell it.
-type jwkJSON struct {
-	Kty    string   `json:"kty"`
-	Use    string   `json:"use"`
-	KeyOps []string `json:"key_ops"`
-	Alg    string   `json:"alg"`
-	Kid    string   `json:"kid"`
-	Crv    string   `json:"crv"`
-	N      string   `json:"n"`
-	E      string   `json:"e"`
-	X      string   `json:"x"`
-	Y      string   `json:"y"`
-}
-
-// parseJWKS parses a JSON Web Key Set and returns its keys usable for
-// verifying a signature with one of the allowed algorithms. Keys whose use
-// is enc, whose key_ops lack verify, of an unknown type or curve, malformed,
-// RSA keys under 2048 bits, and keys whose alg is not allowed or does not
-// fit their type are skipped; none left is an error that says why each was.
-func parseJWKS(b []byte, allowed map[string]bool) ([]*jwk, error) {
-	var set struct {
-		Keys []json.RawMessage `json:"keys"`
-	}
-	if err := json.Unmarshal(b, &set); err != nil {
-		return nil, fmt.Errorf("not a JSON Web Key Set: %v", err)
-	}
-	var keys []*jwk
-	var skipped []string
-	for i, raw := range set.Keys {
-		k, err := parseJWK(raw, allowed)
-		if err != nil {
-			skipped = append(skipped, fmt.Sprintf("key %d: %v", i, err))
-			continue
-		}
-		keys = append(keys, k)
-	}
-	if len(keys) == 0 {
-		if len(set.Keys) == 0 {
-			return nil, errors.New("no key in the set (want {\"keys\": [...]})")
-		}
-		return nil, fmt.Errorf("no usable key (%s)", strings.Join(skipped, "; "))
-	}
-	return keys, nil
-}
-
-// parseJWK parses one key of a JWKS, or says why it is not usable.
-func parseJWK(raw json.RawMessage, allowed map[string]bool) (*jwk, error) {
-	var j jwkJSON
-	if err := json.Unmarshal(raw, &j); err != nil {
-		return nil, fmt.Errorf("malformed: %v", err)
-	}
-	if j.Use != "" && j.Use != "sig" {
-		return nil, fmt.Errorf("use %q, not sig", j.Use)
-	}
-	if j.KeyOps != nil && !slices.Contains(j.KeyOps, "verify") {
-		return nil, errors.New("key_ops without verify")
-	}
-	k := &jwk{kid: j.Kid, alg: j.Alg, kty: j.Kty}
-	switch j.Kty {
-	case "RSA":
-		n, err1 := jwkBytes(j.N)
-		e, err2 := jwkBytes(j.E)
-		if err1 != nil || err2 != nil || len(n) == 0 || len(e) == 0 {
-			return nil, errors.New("RSA key without valid n and e")
-		}
-		pub := &rsa.PublicKey{N: new(big.Int).SetBytes(n)}
-		if len(e) > 4 || new(big.Int).SetBytes(e).Int64() > math.MaxInt32 {
-			return nil, errors.New("RSA exponent too large")
-		}
-		pub.E = int(new(big.Int).SetBytes(e).Int64())
-		if pub.E < 3 || pub.E%2 == 0 {
-			return nil, errors.New("RSA exponent invalid")
-		}
-		if bits := pub.N.BitLen(); bits < jwtMinRSABits || bits > jwtMaxRSABits {
-			return nil, fmt.Errorf("RSA modulus of %d bits; want %d to %d", bits, jwtMinRSABits, jwtMaxRSABits)
-		}
-		k.key = pub
-	case "EC":
-		var curve elliptic.Curve
-		switch j.Crv {
-		case "P-256":
-			curve = elliptic.P256()
-		case "P-384":
-			curve = elliptic.P384()
-		case "P-521":
-			curve = elliptic.P521()
-		default:
-			return nil, fmt.Errorf("EC curve %q (known: P-256, P-384, P-521)", j.Crv)
-		}
-		size := (curve.Params().BitSize + 7) / 8
-		x, err1 := jwkBytes(j.X)
-		y, err2 := jwkBytes(j.Y)
-		if err1 != nil || err2 != nil || len(x) != size || len(y) != size {
-			return nil, fmt.Errorf("EC key without x and y of %d bytes", size)
-		}
-		pub, err := ecdsa.ParseUncompressedPublicKey(curve, append(append([]byte{4}, x...), y...))
-		if err != nil {
-			return nil, errors.New("EC point not on its curve")
-		}
-		k.crv, k.key = j.Crv, pub
-	case "OKP":
-		if j.Crv != "Ed25519" {
-			return nil, fmt.Errorf("OKP curve %q (known: Ed25519)", j.Crv)
-		}
-		x, err := jwkBytes(j.X)
-		if err != nil || len(x) != ed25519.PublicKeySize {
-			return nil, fmt.Errorf("Ed25519 key without x of %d bytes", ed25519.PublicKeySize)
-		}
-		k.crv, k.key = j.Crv, ed25519.PublicKey(x)
-	default:
-		return nil, fmt.Errorf("key type %q (known: RSA, EC, OKP)", j.Kty)
-	}
-	if k.alg != "" {
-		alg, ok := jwtAlgs[k.alg]
-		switch {
-		case !ok || !k.fits(k.alg, alg):
-			return nil, fmt.Errorf("alg %q does not fit a %s key", k.alg, k.kty)
-		case !allowed[k.alg]:
-			return nil, fmt.Errorf("alg %s not among the algorithms", k.alg)
-		}
-		return k, nil
-	}
-	for name, alg := range jwtAlgs {
-		if allowed[name] && k.fits(name, alg) {
-			return k, nil
-		}
-	}
-	return nil, fmt.Errorf("no algorithm among the algorithms fits a %s key", strings.TrimSpace(k.kty+" "+k.crv))
-}
-
-// jwkBytes decodes a base64url member of a JWK (trailing padding tolerated).
-func jwkBytes(s string) ([]byte, error) {
-	return base64.RawURLEncoding.DecodeString(strings.TrimRight(s, "="))
 }
 
 // errNoToken is the error of Principal for a request without a bearer token.
@@ -467,22 +273,52 @@ var (
 	errJWTSignature   = errors.New("token signature invalid")
 	errJWTPayload     = errors.New("token payload is not a JSON object")
 	errJWTNoExp       = errors.New("token without exp")
+	errJWTExpNaN      = errors.New("token exp is not a number")
 	errJWTExpired     = errors.New("token expired")
+	errJWTNbfNaN      = errors.New("token nbf is not a number")
 	errJWTNotYet      = errors.New("token not valid yet (nbf)")
+	errJWTIatNaN      = errors.New("token iat is not a number")
 	errJWTFuture      = errors.New("token issued in the future (iat)")
 	errJWTIssuer      = errors.New("token iss does not match")
 	errJWTAudience    = errors.New("token aud does not match")
+	errJWTInvalid     = errors.New("token invalid")
 )
+
+// jwtRefusals name the errors of golang-jwt's parser as the gateway's
+// refusals, the first that matches winning: its errors wrap the keyfunc's
+// and jwtClaims' (the gateway's own, told as they are), and join every
+// failed claim, told in the order exp, nbf, iat, iss, aud.
+var jwtRefusals = []struct{ cause, refusal error }{
+	{errJWTHeader, errJWTHeader},
+	{errJWTCrit, errJWTCrit},
+	{errJWTUnknownKid, errJWTUnknownKid},
+	{errJWTKidAlg, errJWTKidAlg},
+	{errJWTNoKey, errJWTNoKey},
+	{errJWTNeedKid, errJWTNeedKid},
+	{errJWTAlg, errJWTAlg},
+	{errJWTPayload, errJWTPayload},
+	{jwt.ErrTokenSignatureInvalid, errJWTSignature},
+	{errJWTExpNaN, errJWTExpNaN},
+	{jwt.ErrTokenRequiredClaimMissing, errJWTNoExp}, // exp: the one claim required (iss and aud tell their own)
+	{jwt.ErrTokenExpired, errJWTExpired},
+	{errJWTNbfNaN, errJWTNbfNaN},
+	{jwt.ErrTokenNotValidYet, errJWTNotYet},
+	{errJWTIatNaN, errJWTIatNaN},
+	{jwt.ErrTokenUsedBeforeIssued, errJWTFuture},
+	{errJWTIssuer, errJWTIssuer},
+	{jwt.ErrTokenInvalidIssuer, errJWTIssuer},
+	{errJWTAudience, errJWTAudience},
+	{jwt.ErrTokenInvalidAudience, errJWTAudience},
+	{jwt.ErrTokenMalformed, errJWTMalformed},
+}
 
 // jwtVerifier verifies bearer tokens for one jwt scope. It is safe for
 // concurrent use; build it with newJWTVerifier and stop it with Close.
 type jwtVerifier struct {
-	claim    string
-	issuer   string
-	audience string
-	leeway   time.Duration
-	allowed  map[string]bool // the alg values accepted
-	secret   []byte          // the HMAC secret; nil with a JWKS
+	claim   string
+	allowed map[string]bool // the alg values accepted
+	secret  []byte          // the HMAC secret; nil with a JWKS
+	parser  *jwt.Parser     // golang-jwt's, with the scope's algorithms, leeway, issuer and audience
 
 	// now is the clock of exp, nbf, iat and of the rate of refetches for an
 	// unknown kid; time.Now unless a test sets it (before any use).
@@ -544,24 +380,24 @@ func newJWTVerifierOptions(ctx context.Context, c *JWTScope, client *http.Client
 	if o.now == nil {
 		o.now = time.Now
 	}
-	v := &jwtVerifier{
-		claim:    c.Claim,
-		issuer:   c.Issuer,
-		audience: c.Audience,
-		leeway:   c.Leeway,
-		now:      o.now,
-		done:     make(chan struct{}),
-	}
-	switch {
-	case c.HMACSecretFile != "" || c.HMACSecretEnv != "":
+	v := &jwtVerifier{claim: c.Claim, now: o.now, done: make(chan struct{})}
+	if c.HMACSecretFile != "" || c.HMACSecretEnv != "" {
 		secret, err := jwtSecret(c)
 		if err != nil {
 			return nil, fmt.Errorf("jwt: %v", err)
 		}
 		v.secret = secret
 		v.allowed = jwtAllowed(c, len(secret))
-	case c.JWKSFile != "":
+	} else {
 		v.allowed = jwtAllowed(c, 0)
+	}
+	var err error
+	if v.parser, err = jwtParser(c, v.allowed, o.now); err != nil {
+		return nil, err
+	}
+	switch {
+	case v.secret != nil:
+	case c.JWKSFile != "":
 		b, err := readJWKSFile(c.JWKSFile)
 		if err != nil {
 			return nil, fmt.Errorf("jwt: %v", err)
@@ -572,137 +408,45 @@ func newJWTVerifierOptions(ctx context.Context, c *JWTScope, client *http.Client
 		}
 		v.keys.Store(&keys)
 	default:
-		v.allowed = jwtAllowed(c, 0)
-		v.url = c.JWKSURL
-		v.refresh = c.JWKSRefresh
-		v.client = client
-		if v.client == nil {
-			v.client = &http.Client{
-				Timeout: jwtFetchTimeout,
-				CheckRedirect: func(req *http.Request, via []*http.Request) error {
-					if len(via) >= 5 {
-						return errors.New("stopped after 5 redirects")
-					}
-					return checkJWKSURL(req.URL.String())
-				},
-			}
-		}
-		if err := v.fetch(ctx); err != nil {
+		if err := v.startFetching(ctx, c, client, o); err != nil {
 			return nil, fmt.Errorf("jwt: %v", err)
 		}
-		v.ctx, v.cancel = context.WithCancel(context.WithoutCancel(ctx))
-		tick := o.tick
-		var ticker *time.Ticker
-		if tick == nil {
-			ticker = time.NewTicker(v.refresh)
-			tick = ticker.C
-		}
-		go v.refresher(tick, ticker, o.refreshed)
 		return v, nil
 	}
 	close(v.done)
 	return v, nil
 }
 
-// OnRefreshError sets the function called with each failed fetch of
-// jwks_url after the first (a refresh, or a refetch for an unknown kid);
-// the verifier keeps the set it has. Safe while the refresher runs; nil
-// stops the reports.
-func (v *jwtVerifier) OnRefreshError(f func(error)) {
-	v.hookMu.Lock()
-	v.onRefreshError = f
-	v.hookMu.Unlock()
-}
-
-// refreshFailed reports err to onRefreshError, if set.
-func (v *jwtVerifier) refreshFailed(err error) {
-	v.hookMu.Lock()
-	f := v.onRefreshError
-	v.hookMu.Unlock()
-	if f != nil {
-		f(err)
-	}
-}
-
-// refresher fetches jwks_url at each tick until Close, telling refreshed,
-// when not nil, the result of each fetch.
-func (v *jwtVerifier) refresher(tick <-chan time.Time, ticker *time.Ticker, refreshed func(error)) {
-	defer close(v.done)
-	if ticker != nil {
-		defer ticker.Stop()
-	}
-	for {
-		select {
-		case <-v.ctx.Done():
-			return
-		case <-tick:
-			err := v.fetch(v.ctx)
-			if err != nil && v.ctx.Err() == nil {
-				v.refreshFailed(err)
-			}
-			if refreshed != nil {
-				refreshed(err)
-			}
+// jwtParser is golang-jwt's parser of a scope: the algorithms allowed (a
+// list, never nil: without WithValidMethods golang-jwt accepts any alg it
+// knows, and a scope without algorithms is an error), strict base64url, exp
+// required, iat checked, the leeway, and the issuer and audience when
+// configured.
+func jwtParser(c *JWTScope, allowed map[string]bool, now func() time.Time) (*jwt.Parser, error) {
+	methods := []string{}
+	for _, name := range jwtAlgNames {
+		if allowed[name] {
+			methods = append(methods, name)
 		}
 	}
-}
-
-// fetch gets jwks_url and, when it holds a usable key, makes it the set in
-// use; on any error the set in use stays.
-func (v *jwtVerifier) fetch(ctx context.Context) error {
-	v.fetchMu.Lock()
-	defer v.fetchMu.Unlock()
-	return v.fetchLocked(ctx)
-}
-
-// fetchLocked is fetch with fetchMu held.
-func (v *jwtVerifier) fetchLocked(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, v.url, nil)
-	if err != nil {
-		return fmt.Errorf("jwks_url: %v", err)
+	if len(methods) == 0 {
+		return nil, errors.New("jwt: no algorithm accepted") // checkJWT makes it unreachable
 	}
-	req.Header.Set("Accept", "application/jwk-set+json, application/json")
-	resp, err := v.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("jwks_url: %v", err)
+	opts := []jwt.ParserOption{
+		jwt.WithValidMethods(methods),
+		jwt.WithStrictDecoding(),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(),
+		jwt.WithLeeway(c.Leeway),
+		jwt.WithTimeFunc(now),
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("jwks_url %s: status %s", v.url, resp.Status)
+	if c.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(c.Issuer))
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, jwtMaxJWKS+1))
-	if err != nil {
-		return fmt.Errorf("jwks_url %s: %v", v.url, err)
+	if c.Audience != "" {
+		opts = append(opts, jwt.WithAudience(c.Audience))
 	}
-	if len(b) > jwtMaxJWKS {
-		return fmt.Errorf("jwks_url %s: larger than %d bytes", v.url, jwtMaxJWKS)
-	}
-	keys, err := parseJWKS(b, v.allowed)
-	if err != nil {
-		return fmt.Errorf("jwks_url %s: %v", v.url, err)
-	}
-	v.keys.Store(&keys)
-	return nil
-}
-
-// Close stops the refresher of jwks_url and waits for it to return; a
-// verifier without one has nothing to stop. Principal still works after
-// Close, with the last set and without fetching. Close may be called more
-// than once.
-func (v *jwtVerifier) Close() {
-	v.closeOnce.Do(func() {
-		if v.cancel != nil {
-			v.cancel()
-		}
-	})
-	<-v.done
-}
-
-// jwtHeader is the protected header of a JWS, the members the gateway reads.
-type jwtHeader struct {
-	Alg  string          `json:"alg"`
-	Kid  string          `json:"kid"`
-	Crit json.RawMessage `json:"crit"`
+	return jwt.NewParser(opts...), nil
 }
 
 // Principal verifies r's bearer token (Authorization: Bearer <token>, the
@@ -725,11 +469,12 @@ func (v *jwtVerifier) Principal(r *http.Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	claims, err := v.verify(token)
+	var claims jwtClaims
+	t, err := v.parser.ParseWithClaims(token, &claims, v.keyfunc)
 	if err != nil {
-		return "", err
+		return "", v.refusal(t, err)
 	}
-	return v.principal(claims)
+	return v.principal(claims.MapClaims)
 }
 
 // bearerToken returns the token of r's Authorization: Bearer header.
@@ -753,188 +498,135 @@ func bearerToken(r *http.Request) (string, error) {
 	return token, nil
 }
 
-// verify checks token's form, alg and signature, and returns its claims.
-func (v *jwtVerifier) verify(token string) (map[string]any, error) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return nil, errJWTMalformed
-	}
-	enc := base64.RawURLEncoding.Strict()
-	hb, err1 := enc.DecodeString(parts[0])
-	payload, err2 := enc.DecodeString(parts[1])
-	sig, err3 := enc.DecodeString(parts[2])
-	if err1 != nil || err2 != nil || err3 != nil {
-		return nil, errJWTMalformed
-	}
-	var h jwtHeader
-	if err := json.Unmarshal(hb, &h); err != nil || h.Alg == "" {
-		return nil, errJWTHeader
-	}
-	if strings.EqualFold(h.Alg, "none") {
-		return nil, errJWTNone
-	}
-	alg, ok := jwtAlgs[h.Alg]
-	if !ok || !v.allowed[h.Alg] {
-		return nil, errJWTAlg
-	}
-	if h.Crit != nil {
+// keyfunc gives golang-jwt the key that verifies t, whose alg its parser
+// has already checked against the algorithms allowed: the HMAC secret for
+// HS*, else the key of the JWKS that kid names, or without kid the only key
+// that fits the alg. A header with crit is refused (RFC 7515 section 4.1.11:
+// the gateway understands no extension; golang-jwt does not look).
+func (v *jwtVerifier) keyfunc(t *jwt.Token) (any, error) {
+	if _, ok := t.Header["crit"]; ok {
 		return nil, errJWTCrit
 	}
-	signed := []byte(token[:len(parts[0])+1+len(parts[1])])
-	if alg.kty == "oct" {
+	kid, ok := t.Header["kid"].(string)
+	if !ok && t.Header["kid"] != nil {
+		return nil, errJWTHeader
+	}
+	name := t.Method.Alg()
+	alg, known := jwtAlgs[name]
+	switch {
+	case !known || !v.allowed[name]: // golang-jwt's WithValidMethods refused it already
+		return nil, errJWTAlg
+	case alg.kty == "oct":
 		if v.secret == nil { // allowed holds no HS* without a secret; kept for safety
 			return nil, errJWTAlg
 		}
-		mac := hmac.New(alg.hash.New, v.secret)
-		mac.Write(signed)
-		if !hmac.Equal(mac.Sum(nil), sig) {
-			return nil, errJWTSignature
-		}
-	} else {
-		k, err := v.key(h.Kid, h.Alg, alg)
-		if err != nil {
-			return nil, err
-		}
-		if !verifySignature(k, alg, signed, sig) {
-			return nil, errJWTSignature
+		return v.secret, nil
+	}
+	k, err := v.key(kid, name, alg)
+	if err != nil {
+		return nil, err
+	}
+	return k.key, nil
+}
+
+// refusal names the error of golang-jwt's parser for the client: the form
+// first, then the header's alg, then jwtRefusals.
+func (v *jwtVerifier) refusal(t *jwt.Token, err error) error {
+	var b64 base64.CorruptInputError
+	if t == nil || errors.As(err, &b64) {
+		return errJWTMalformed
+	}
+	alg, _ := t.Header["alg"].(string)
+	switch {
+	case t.Header == nil || alg == "":
+		return errJWTHeader
+	case strings.EqualFold(alg, "none"):
+		return errJWTNone
+	case !v.allowed[alg]:
+		return errJWTAlg
+	}
+	for _, r := range jwtRefusals {
+		if errors.Is(err, r.cause) {
+			return r.refusal
 		}
 	}
-	var claims map[string]any
-	d := json.NewDecoder(strings.NewReader(string(payload)))
+	return errJWTInvalid
+}
+
+// jwtClaims is a token's payload as golang-jwt's validator reads it: a JSON
+// object whose numbers stay json.Number, and whose registered claims, when
+// malformed or missing where required, give the gateway's refusals.
+type jwtClaims struct{ jwt.MapClaims }
+
+// UnmarshalJSON reads the payload, which must be a JSON object. (A payload
+// of null leaves MapClaims nil: the getters refuse it.)
+func (c *jwtClaims) UnmarshalJSON(b []byte) error {
+	d := json.NewDecoder(bytes.NewReader(b))
 	d.UseNumber()
-	if err := d.Decode(&claims); err != nil || claims == nil || d.More() {
+	if err := d.Decode(&c.MapClaims); err != nil || c.MapClaims == nil {
+		return errJWTPayload
+	}
+	return nil
+}
+
+// GetExpirationTime returns exp; golang-jwt requires it.
+func (c *jwtClaims) GetExpirationTime() (*jwt.NumericDate, error) { return c.date("exp", errJWTExpNaN) }
+
+// GetNotBefore returns nbf, if any.
+func (c *jwtClaims) GetNotBefore() (*jwt.NumericDate, error) { return c.date("nbf", errJWTNbfNaN) }
+
+// GetIssuedAt returns iat, if any.
+func (c *jwtClaims) GetIssuedAt() (*jwt.NumericDate, error) { return c.date("iat", errJWTIatNaN) }
+
+// GetIssuer returns iss, read only with an issuer configured: one missing,
+// empty or not a string does not match it.
+func (c *jwtClaims) GetIssuer() (string, error) {
+	if iss, err := c.MapClaims.GetIssuer(); err == nil && iss != "" {
+		return iss, nil
+	}
+	return "", errJWTIssuer
+}
+
+// GetAudience returns aud, read only with an audience configured: one
+// missing, empty, or neither a string nor an array of strings does not
+// hold it.
+func (c *jwtClaims) GetAudience() (jwt.ClaimStrings, error) {
+	if aud, err := c.MapClaims.GetAudience(); err == nil && len(aud) > 0 && !(len(aud) == 1 && aud[0] == "") {
+		return aud, nil
+	}
+	return nil, errJWTAudience
+}
+
+// date returns the NumericDate claim name (seconds since the epoch,
+// fractions allowed), nil when the payload lacks it, or nan when it is not
+// a number.
+func (c *jwtClaims) date(name string, nan error) (*jwt.NumericDate, error) {
+	if c.MapClaims == nil {
 		return nil, errJWTPayload
 	}
-	return claims, nil
+	x, ok := c.MapClaims[name]
+	if !ok {
+		return nil, nil
+	}
+	n, ok := x.(json.Number)
+	if !ok {
+		return nil, nan
+	}
+	f, err := n.Float64()
+	if err != nil {
+		return nil, nan
+	}
+	// Clamp to years 0 to 9999 or so, far beyond any clock, to stay in int64
+	// nanoseconds: golang-jwt would convert an out-of-range float as it is,
+	// and an nbf of 1e300 could turn into a date long past.
+	const limit = 1 << 37
+	f = max(-limit, min(limit, f))
+	sec, frac := math.Modf(f)
+	return jwt.NewNumericDate(time.Unix(int64(sec), int64(frac*1e9))), nil
 }
 
-// key chooses the key of the set that verifies a token with kid and alg:
-// the key kid names, or without kid the only key that fits alg. An unknown
-// kid fetches jwks_url again, at most once every jwtKidRefetch, under the
-// verifier's context (Close cancels it), not the request's: a client that
-// leaves does not waste the minute's fetch.
-func (v *jwtVerifier) key(kid, name string, alg jwtAlg) (*jwk, error) {
-	k, err := v.find(kid, name, alg)
-	if err != errJWTUnknownKid || v.url == "" {
-		return k, err
-	}
-	v.fetchMu.Lock()
-	defer v.fetchMu.Unlock()
-	// Another request may have fetched the set while this one waited.
-	if k, err := v.find(kid, name, alg); err != errJWTUnknownKid {
-		return k, err
-	}
-	now := v.now()
-	if !v.lastKidFetch.IsZero() && now.Sub(v.lastKidFetch) < jwtKidRefetch {
-		return nil, errJWTUnknownKid
-	}
-	v.lastKidFetch = now
-	if err := v.fetchLocked(v.ctx); err != nil {
-		if v.ctx.Err() == nil {
-			v.refreshFailed(err)
-		}
-		return nil, errJWTUnknownKid
-	}
-	return v.find(kid, name, alg)
-}
-
-// find looks kid, or without kid the only key that fits alg, up in the set
-// in use.
-func (v *jwtVerifier) find(kid, name string, alg jwtAlg) (*jwk, error) {
-	p := v.keys.Load()
-	if p == nil {
-		return nil, errJWTNoKey
-	}
-	keys := *p
-	if kid != "" {
-		named := false
-		for _, k := range keys {
-			if k.kid != kid {
-				continue
-			}
-			named = true
-			if k.fits(name, alg) {
-				return k, nil
-			}
-		}
-		if named {
-			return nil, errJWTKidAlg
-		}
-		return nil, errJWTUnknownKid
-	}
-	var found *jwk
-	for _, k := range keys {
-		if k.fits(name, alg) {
-			if found != nil {
-				return nil, errJWTNeedKid
-			}
-			found = k
-		}
-	}
-	if found == nil {
-		return nil, errJWTNoKey
-	}
-	return found, nil
-}
-
-// verifySignature verifies sig over signed with the public key k, which fits alg.
-func verifySignature(k *jwk, alg jwtAlg, signed, sig []byte) bool {
-	if alg.kty == "OKP" {
-		pub, ok := k.key.(ed25519.PublicKey)
-		return ok && len(sig) == ed25519.SignatureSize && ed25519.Verify(pub, signed, sig)
-	}
-	h := alg.hash.New()
-	h.Write(signed)
-	digest := h.Sum(nil)
-	switch pub := k.key.(type) {
-	case *rsa.PublicKey:
-		if alg.pss {
-			return rsa.VerifyPSS(pub, alg.hash, digest, sig, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash}) == nil
-		}
-		return rsa.VerifyPKCS1v15(pub, alg.hash, digest, sig) == nil
-	case *ecdsa.PublicKey:
-		size := (pub.Curve.Params().BitSize + 7) / 8
-		if len(sig) != 2*size {
-			return false
-		}
-		r := new(big.Int).SetBytes(sig[:size])
-		s := new(big.Int).SetBytes(sig[size:])
-		return ecdsa.Verify(pub, digest, r, s)
-	}
-	return false
-}
-
-// principal checks the time claims, iss and aud, and returns the claim
-// that names the principal.
-func (v *jwtVerifier) principal(claims map[string]any) (string, error) {
-	now := v.now()
-	exp, ok, err := numericDate(claims, "exp")
-	switch {
-	case err != nil:
-		return "", err
-	case !ok:
-		return "", errJWTNoExp
-	case !now.Before(exp.Add(v.leeway)):
-		return "", errJWTExpired
-	}
-	if nbf, ok, err := numericDate(claims, "nbf"); err != nil {
-		return "", err
-	} else if ok && now.Add(v.leeway).Before(nbf) {
-		return "", errJWTNotYet
-	}
-	if iat, ok, err := numericDate(claims, "iat"); err != nil {
-		return "", err
-	} else if ok && now.Add(v.leeway).Before(iat) {
-		return "", errJWTFuture
-	}
-	if v.issuer != "" {
-		if iss, ok := claims["iss"].(string); !ok || iss != v.issuer {
-			return "", errJWTIssuer
-		}
-	}
-	if v.audience != "" && !hasAudience(claims["aud"], v.audience) {
-		return "", errJWTAudience
-	}
+// principal returns the claim of a verified token that names the principal.
+func (v *jwtVerifier) principal(claims jwt.MapClaims) (string, error) {
 	switch p, ok := claims[v.claim].(string); {
 	case claims[v.claim] == nil:
 		return "", fmt.Errorf("token without the claim %s", v.claim)
@@ -947,42 +639,4 @@ func (v *jwtVerifier) principal(claims map[string]any) (string, error) {
 	default:
 		return p, nil
 	}
-}
-
-// numericDate returns the NumericDate claim name (seconds since the epoch,
-// fractions allowed), whether the claims hold it, and an error when it is
-// not a number.
-func numericDate(claims map[string]any, name string) (time.Time, bool, error) {
-	c, ok := claims[name]
-	if !ok {
-		return time.Time{}, false, nil
-	}
-	n, ok := c.(json.Number)
-	if !ok {
-		return time.Time{}, false, fmt.Errorf("token %s is not a number", name)
-	}
-	f, err := n.Float64()
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return time.Time{}, false, fmt.Errorf("token %s is not a number", name)
-	}
-	// Clamp to years 0 to 9999 or so, far beyond any clock, to stay in int64 nanoseconds.
-	const limit = 1 << 37
-	f = max(-limit, min(limit, f))
-	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)), true, nil
-}
-
-// hasAudience reports whether aud, a string or an array of strings, holds want.
-func hasAudience(aud any, want string) bool {
-	switch a := aud.(type) {
-	case string:
-		return a == want
-	case []any:
-		for _, x := range a {
-			if s, ok := x.(string); ok && s == want {
-				return true
-			}
-		}
-	}
-	return false
 }

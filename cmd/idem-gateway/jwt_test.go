@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // The keys of the tests, made once: RSA keys are slow to generate.
@@ -100,7 +102,7 @@ func jwtSign(t testing.TB, alg string, key any, input []byte) []byte {
 	case *rsa.PrivateKey:
 		var sig []byte
 		var err error
-		if a.pss {
+		if strings.HasPrefix(alg, "PS") { // RSASSA-PSS, salt as long as the hash (RFC 7518 section 3.5)
 			sig, err = rsa.SignPSS(rand.Reader, k, a.hash, digest, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash})
 		} else {
 			sig, err = rsa.SignPKCS1v15(rand.Reader, k, a.hash, digest)
@@ -233,6 +235,14 @@ func TestCheckJWT(t *testing.T) {
 	jwksSmall := writeJWTFile(t, "jwks-small.json", jwksJSON(jwkOf(keys.rsaSmall, nil)))
 	jwksRS384 := writeJWTFile(t, "jwks-rs384.json", jwksJSON(jwkOf(keys.rsa1, map[string]any{"alg": "RS384"})))
 	jwksEmpty := writeJWTFile(t, "jwks-empty.json", jwksJSON())
+	// Moduli of 8193 and 8192 bits (not keys: the bound is checked before any use).
+	modulus := func(bits int) string {
+		n := new(big.Int).Lsh(big.NewInt(1), uint(bits-1))
+		return jwtB64(n.Or(n, big.NewInt(1)).Bytes())
+	}
+	jwksLarge := writeJWTFile(t, "jwks-large.json", jwksJSON(map[string]any{"kty": "RSA", "n": modulus(8193), "e": "AQAB"}))
+	jwks8192 := writeJWTFile(t, "jwks-8192.json", jwksJSON(map[string]any{"kty": "RSA", "n": modulus(8192), "e": "AQAB"}))
+	jwksEvenE := writeJWTFile(t, "jwks-even-e.json", jwksJSON(jwkOf(keys.rsa1, map[string]any{"e": jwtB64([]byte{1, 0, 0})})))
 	jwksBad := writeJWTFile(t, "jwks-bad.json", []byte("{\"keys\": ["))
 	missing := filepath.Join(t.TempDir(), "missing")
 
@@ -264,6 +274,9 @@ func TestCheckJWT(t *testing.T) {
 		{"jwks empty", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksEmpty }), []string{"jwks_file"}, "no key"},
 		{"jwks enc only", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksEnc }), []string{"jwks_file"}, `use "enc"`},
 		{"jwks small rsa", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksSmall }), []string{"jwks_file"}, "1024 bits"},
+		{"jwks large rsa", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksLarge }), []string{"jwks_file"}, "8193 bits; want 2048 to 8192"},
+		{"jwks rsa 8192 bits", jwtScope(func(c *JWTScope) { c.JWKSFile = jwks8192 }), nil, ""},
+		{"jwks rsa even exponent", jwtScope(func(c *JWTScope) { c.JWKSFile = jwksEvenE }), []string{"jwks_file"}, "exponent"},
 		{"jwks no key for algorithms", jwtScope(func(c *JWTScope) { c.JWKSFile, c.Algorithms = jwksEC, []string{"RS256"} }), []string{"jwks_file"}, "no algorithm"},
 		{"jwks key alg not listed", jwtScope(func(c *JWTScope) { c.JWKSFile, c.Algorithms = jwksRS384, []string{"RS256"} }), []string{"jwks_file"}, "alg RS384 not among the algorithms"},
 		{"jwks key alg listed", jwtScope(func(c *JWTScope) { c.JWKSFile, c.Algorithms = jwksRS384, []string{"RS256", "RS384"} }), nil, ""},
@@ -342,6 +355,7 @@ func TestJWTHMAC(t *testing.T) {
 	hs := func(set map[string]any) string { return signJWT(t, "HS256", secret, nil, claims(set)) }
 	valid := hs(nil)
 	parts := strings.Split(valid, ".")
+	signedInput := func(input string) string { return input + "." + jwtB64(jwtSign(t, "HS256", secret, []byte(input))) }
 
 	for _, tc := range []struct {
 		name  string
@@ -372,6 +386,12 @@ func TestJWTHMAC(t *testing.T) {
 		{"expired at the leeway", hs(map[string]any{"exp": now - 30}), errJWTExpired, ""},
 		{"expired within the leeway", hs(map[string]any{"exp": now - 29}), nil, ""},
 		{"exp fractional", hs(map[string]any{"exp": float64(now) + 0.5}), nil, ""},
+		{"exp far future", hs(map[string]any{"exp": 1e300}), nil, ""},
+		{"exp far past", hs(map[string]any{"exp": -1e300}), errJWTExpired, ""},
+		{"exp too large for a float", hs(map[string]any{"exp": json.Number("1e400")}), nil, "exp is not a number"},
+		{"nbf far future", hs(map[string]any{"nbf": 1e300}), errJWTNotYet, ""},
+		{"nbf not a number", hs(map[string]any{"nbf": "now"}), nil, "nbf is not a number"},
+		{"iat far future", hs(map[string]any{"iat": 1e300}), errJWTFuture, ""},
 		{"nbf in the future", hs(map[string]any{"nbf": now + 31}), errJWTNotYet, ""},
 		{"nbf within the leeway", hs(map[string]any{"nbf": now + 30}), nil, ""},
 		{"iat in the future", hs(map[string]any{"iat": now + 31}), errJWTFuture, ""},
@@ -379,11 +399,21 @@ func TestJWTHMAC(t *testing.T) {
 		{"iat not a number", hs(map[string]any{"iat": true}), nil, "iat is not a number"},
 		{"no iss", hs(map[string]any{"iss": nil}), errJWTIssuer, ""},
 		{"other iss", hs(map[string]any{"iss": "https://evil.example"}), errJWTIssuer, ""},
+		{"empty iss", hs(map[string]any{"iss": ""}), errJWTIssuer, ""},
+		{"iss not a string", hs(map[string]any{"iss": []string{"https://issuer.example"}}), errJWTIssuer, ""},
+		{"iss and aud wrong", hs(map[string]any{"iss": "other", "aud": "other"}), errJWTIssuer, ""},
+		{"expired, iss wrong", hs(map[string]any{"exp": now - 60, "iss": "other"}), errJWTExpired, ""},
 		{"no aud", hs(map[string]any{"aud": nil}), errJWTAudience, ""},
 		{"other aud", hs(map[string]any{"aud": "other"}), errJWTAudience, ""},
 		{"aud array", hs(map[string]any{"aud": []string{"other", "gateway"}}), nil, ""},
 		{"aud array without", hs(map[string]any{"aud": []string{"other"}}), errJWTAudience, ""},
 		{"aud number", hs(map[string]any{"aud": 1}), errJWTAudience, ""},
+		{"aud empty", hs(map[string]any{"aud": ""}), errJWTAudience, ""},
+		{"aud empty array", hs(map[string]any{"aud": []string{}}), errJWTAudience, ""},
+		{"aud array with a number", hs(map[string]any{"aud": []any{"gateway", 1}}), errJWTAudience, ""},
+		{"kid not a string", signJWT(t, "HS256", secret, map[string]any{"kid": 1}, claims(nil)), errJWTHeader, ""},
+		{"crit null", signJWT(t, "HS256", secret, map[string]any{"crit": nil}, claims(nil)), errJWTCrit, ""},
+		{"payload an array", signedInput(parts[0] + "." + jwtB64([]byte(`[1]`))), errJWTPayload, ""},
 		{"no sub", hs(map[string]any{"sub": nil}), nil, "without the claim sub"},
 		{"sub number", hs(map[string]any{"sub": 42}), nil, "sub is not a string"},
 		{"sub empty", hs(map[string]any{"sub": ""}), nil, "sub is empty"},
@@ -892,4 +922,24 @@ func TestJWTCloseWithoutURL(t *testing.T) {
 	}), newTestClock(), jwtOptions{})
 	v.Close()
 	v.Close()
+}
+
+// Each algorithm of the gateway is golang-jwt's of the same name, and a
+// parser is never built without algorithms (nor with none).
+func TestJWTAlgsInLibrary(t *testing.T) {
+	if len(jwtAlgNames) != len(jwtAlgs) {
+		t.Fatalf("%d names for %d algorithms", len(jwtAlgNames), len(jwtAlgs))
+	}
+	for _, name := range jwtAlgNames {
+		m := jwt.GetSigningMethod(name)
+		if _, ok := jwtAlgs[name]; !ok || m == nil || m.Alg() != name {
+			t.Errorf("%s: %v in jwtAlgs, golang-jwt's %v", name, ok, m)
+		}
+	}
+	if _, err := jwtParser(jwtScope(nil), map[string]bool{}, time.Now); err == nil {
+		t.Fatal("a parser without algorithms")
+	}
+	if _, err := jwtParser(jwtScope(nil), map[string]bool{"none": true}, time.Now); err == nil {
+		t.Fatal("a parser of none")
+	}
 }
