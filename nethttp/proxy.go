@@ -1,6 +1,7 @@
 package nethttp
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -22,6 +23,15 @@ import (
 //     502, so retries get 409 (ErrNotReplayable) rather than a second
 //     upstream call. Headers written into the connection's buffer count,
 //     even if they never left it: the mark errs on the safe side.
+//   - A response whose body then fails to arrive whole (the connection
+//     closes or resets mid-body, a deadline passes while it comes) came
+//     from an upstream that may have acted: the first read of its body
+//     that fails (any error but io.EOF) marks the execution done, whatever
+//     the proxy does next: ReverseProxy's copy aborting the handler before
+//     or after it sent a byte, or a ModifyResponse that reads the body and
+//     fails, whose 502 would otherwise release the key. Retries get 409.
+//     A body read to its end, and a 101 Switching Protocols response
+//     (whose body is the connection), are left as they are.
 //   - A round trip that fails before that (no connection, refused) leaves
 //     the key to be released by the proxy's 502: a retry tries the
 //     upstream again.
@@ -56,7 +66,25 @@ func (t proxyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil && wrote.Load() {
 		idem.MarkDone(req.Context())
 	}
+	if err == nil && res.Body != nil && res.Body != http.NoBody && res.StatusCode != http.StatusSwitchingProtocols {
+		res.Body = &doneOnReadError{ReadCloser: res.Body, ctx: req.Context()}
+	}
 	return res, err
+}
+
+// doneOnReadError is the body of a protected request's response: a read
+// that fails marks the execution done (see ProxyTransport).
+type doneOnReadError struct {
+	io.ReadCloser
+	ctx context.Context
+}
+
+func (b *doneOnReadError) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		idem.MarkDone(b.ctx)
+	}
+	return n, err
 }
 
 // emptyBody is a request body of no bytes that is not http.NoBody.

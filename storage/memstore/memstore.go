@@ -6,7 +6,8 @@
 // The store is safe for concurrent use, expires entries by their lease or
 // TTL as read from an injectable clock, bounds its number of entries
 // without ever evicting an entry in flight (issued entries go first, then
-// done ones: see [WithMaxEntries]), and runs one janitor goroutine, which
+// done ones: see [WithMaxEntries]; with [WithoutEviction] a full store
+// refuses new keys instead), and runs one janitor goroutine, which
 // [Store.Close] stops. It is a [storage.Issuer]: it keeps server-issued
 // keys too; and a [storage.Inspector]: an operator can look its entries
 // up, list them and remove one.
@@ -53,6 +54,8 @@ const (
 type Store struct {
 	now          func() time.Time
 	max          int
+	noEviction   bool // WithoutEviction: the bound refuses, never evicts
+	maxRecord    int  // WithMaxRecordBytes; 0: no bound
 	cleanupEvery time.Duration
 	nshards      int // as WithShards asked; 0: the default
 
@@ -172,12 +175,44 @@ func WithClock(now func() time.Time) Option {
 // entries, the oldest first, and never a completed record while an issued
 // entry is left; it fails only when every entry is in flight. Making room
 // costs O(log n) per entry dropped.
+//
+// [WithoutEviction] keeps step 1 only: a full store refuses new keys
+// rather than evicting issued or done entries.
 func WithMaxEntries(n int) Option {
 	return func(s *Store) {
 		if n > 0 {
 			s.max = n
 		}
 	}
+}
+
+// WithoutEviction makes the bound (see [WithMaxEntries]) refuse new
+// entries instead of evicting live ones: when the store is full, Acquire
+// and Issue of a new key still drop expired entries to make room (step 1),
+// but never evict an issued or a done entry before its TTL ends; when no
+// entry has expired, they fail with an error wrapping [storage.ErrFull]
+// and change nothing. Calls on keys that have an entry (a retry finding
+// its done record, an owner renewing or completing, AcquireIssued of an
+// issued key) are never refused. Without it (the default), a full store
+// evicts issued, then done entries, so that a retry of an evicted done
+// request runs its handler again.
+//
+// Use it where a record must outlive the bound's pressure, as in front of
+// a service that must not run a request twice: new keys then get the
+// middleware's 503 (ErrStoreUnavailable, with Retry-After) until entries
+// expire or are released.
+func WithoutEviction() Option {
+	return func(s *Store) { s.noEviction = true }
+}
+
+// WithMaxRecordBytes bounds the records Complete keeps to n bytes: a
+// longer one is refused with an error wrapping [storage.ErrTooLarge],
+// changing nothing, and the middleware then keeps the key done but not
+// replayable (409 ErrNotReplayable, no second run). n <= 0, the default,
+// sets no bound beyond the middleware's own (WithMaxResponseBody, 1 MiB by
+// default). With [WithMaxEntries] it bounds the memory the records take.
+func WithMaxRecordBytes(n int) Option {
+	return func(s *Store) { s.maxRecord = max(n, 0) }
 }
 
 // WithShards sets the number of shards the entries are split into, each
@@ -433,8 +468,8 @@ func roundUp(d time.Duration) time.Duration {
 
 // Acquire implements [storage.Store.Acquire]; given an issued entry, it
 // takes it as AcquireIssued does. The context is not used. Errors wrap
-// [storage.ErrInvalid] or, when the store is full of entries in flight,
-// [storage.ErrFull].
+// [storage.ErrInvalid] or, when the store is full of entries in flight
+// (with WithoutEviction: of live entries), [storage.ErrFull].
 func (s *Store) Acquire(_ context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
 	return s.acquire(key, owner, fingerprint, lease, false)
 }
@@ -471,7 +506,7 @@ func (s *Store) acquire(key, owner, fingerprint string, lease time.Duration, iss
 		case issued:
 			return storage.Result{State: storage.NotIssued}, nil
 		case full:
-			return storage.Result{}, fmt.Errorf("memstore: acquire: %w: all %d entries are in flight", storage.ErrFull, s.max)
+			return storage.Result{}, fmt.Errorf("memstore: acquire: %w: %s", storage.ErrFull, s.fullReason())
 		case !reserved:
 			var relocked bool
 			reserved, relocked = s.reserve(sh, now)
@@ -556,7 +591,11 @@ const (
 // make room in another, and then reports it relocked sh.
 func (s *Store) makeRoom(sh *shard, now time.Time) (freed, relocked bool) {
 	at := int64(now.Sub(s.epoch))
-	for step := dropExpired; step <= evictDone; step++ {
+	last := evictDone
+	if s.noEviction {
+		last = dropExpired
+	}
+	for step := dropExpired; step <= last; step++ {
 		if sh.makeRoom(step, now) {
 			return true, relocked
 		}
@@ -580,6 +619,14 @@ func (s *Store) makeRoom(sh *shard, now time.Time) (freed, relocked bool) {
 		}
 	}
 	return false, relocked
+}
+
+// fullReason says why a new entry found no room.
+func (s *Store) fullReason() string {
+	if s.noEviction {
+		return fmt.Sprintf("%d live entries, none expired (WithoutEviction)", s.max)
+	}
+	return fmt.Sprintf("all %d entries are in flight", s.max)
 }
 
 // testHookUnlocked, when set by a test, runs when makeRoom has unlocked
@@ -619,7 +666,8 @@ func (sh *shard) makeRoom(step int, now time.Time) bool {
 
 // Issue implements [storage.Issuer.Issue]. The context is not used.
 // Errors wrap [storage.ErrExists], [storage.ErrInvalid] or, when the
-// store is full of entries in flight, [storage.ErrFull].
+// store is full of entries in flight (with WithoutEviction: of live
+// entries), [storage.ErrFull].
 func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
 	switch {
 	case key == "":
@@ -641,7 +689,7 @@ func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
 			return fmt.Errorf("memstore: issue: %w", storage.ErrExists)
 		}
 		if full {
-			return fmt.Errorf("memstore: issue: %w: all %d entries are in flight", storage.ErrFull, s.max)
+			return fmt.Errorf("memstore: issue: %w: %s", storage.ErrFull, s.fullReason())
 		}
 		if !reserved {
 			var relocked bool
@@ -658,11 +706,16 @@ func (s *Store) Issue(_ context.Context, key string, ttl time.Duration) error {
 
 // Complete implements [storage.Store.Complete]. It copies record. A done
 // entry remembers the owner that completed it: only that owner's resend
-// with the same record returns nil. The context is not used. Errors wrap
-// [storage.ErrNotOwner] or [storage.ErrInvalid].
+// with the same record returns nil. The context is not used. A record
+// longer than [WithMaxRecordBytes] allows is [storage.ErrTooLarge], and
+// changes nothing. Errors wrap [storage.ErrNotOwner], [storage.ErrTooLarge]
+// or [storage.ErrInvalid].
 func (s *Store) Complete(_ context.Context, key, owner string, record []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("memstore: complete: %w: ttl %v", storage.ErrInvalid, ttl)
+	}
+	if s.maxRecord > 0 && len(record) > s.maxRecord {
+		return fmt.Errorf("memstore: complete: %w: %d bytes, at most %d", storage.ErrTooLarge, len(record), s.maxRecord)
 	}
 	sh := s.shardOf(key)
 	sh.mu.Lock()

@@ -37,12 +37,15 @@ var shardCounts = []struct {
 	n    int
 }{{"default", 0}, {"one", 1}, {"many", 64}}
 
+// storeMax is the WithMaxRecordBytes of the contract suite's stores.
+const storeMax = 1<<20 + 1024
+
 func TestContract(t *testing.T) {
 	for _, c := range shardCounts {
 		t.Run(c.name, func(t *testing.T) {
 			storagetest.Run(t, func(t *testing.T) storagetest.Harness {
-				s, clk := newStore(t, WithShards(c.n))
-				return storagetest.Harness{Store: s, Advance: clk.Advance}
+				s, clk := newStore(t, WithShards(c.n), WithMaxRecordBytes(storeMax))
+				return storagetest.Harness{Store: s, Advance: clk.Advance, MaxRecord: storeMax}
 			})
 		})
 	}
