@@ -14,13 +14,13 @@ type Config struct {
 	Log       Log                  `yaml:"log" doc:"The log, JSON lines on standard error."`
 	Store     Store                `yaml:"store" doc:"Where the records live: exactly one of memory, redis and postgres."`
 	Upstreams map[string]*Upstream `yaml:"upstreams" doc:"The services behind the gateway, by name: at least one."`
-	Routes    []*Route             `yaml:"routes" doc:"What the gateway serves, matched as net/http's ServeMux matches patterns (the most specific wins); a request that matches none gets 404: at least one."`
+	Routes    []*Route             `yaml:"routes" doc:"What the gateway serves, matched as net/http's ServeMux matches patterns (the most specific wins); a request that matches none gets 404: at least one, at most 10000."`
 }
 
 // Listener is an address the gateway serves its routes on.
 type Listener struct {
 	Address           string        `yaml:"address" doc:"host:port to listen on (\":8080\", \"127.0.0.1:8443\"); required."`
-	TLS               *ServerTLS    `yaml:"tls" doc:"Serve HTTPS with this certificate; without it, plain HTTP."`
+	TLS               *ServerTLS    `yaml:"tls" doc:"Serve HTTPS with this certificate, in HTTP/2 or HTTP/1.1 as the client chooses (ALPN h2 or http/1.1); without it, plain HTTP/1.1."`
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout" default:"10s" doc:"How long a client may take to send a request's headers."`
 	IdleTimeout       time.Duration `yaml:"idle_timeout" default:"2m" doc:"How long a keep-alive connection may wait for its next request."`
 }
@@ -50,7 +50,7 @@ type Store struct {
 
 // MemoryStore is the memory store's settings.
 type MemoryStore struct {
-	MaxEntries int `yaml:"max_entries" default:"0" doc:"The most records kept; 0: no bound. When full, new keys get 503."`
+	MaxEntries int `yaml:"max_entries" default:"100000" doc:"The most records kept at once, in flight and done; 0: the default (the memory store is always bounded). A record is never evicted before its ttl ends: when the store is full, new keys get 503 with Retry-After until records expire, and the stored responses are still replayed."`
 }
 
 // RedisStore is the Redis store's settings.
@@ -65,7 +65,7 @@ type RedisStore struct {
 	DB             int           `yaml:"db" default:"0" doc:"Database number (not with cluster)."`
 	TLS            *ClientTLS    `yaml:"tls" doc:"Connect with TLS."`
 	Prefix         string        `yaml:"prefix" default:"idem:" doc:"Prefix of the record keys."`
-	Timeout        time.Duration `yaml:"timeout" default:"250ms" doc:"Bound of each store call's dial, read and write: a store that stops answering gets requests 503 after about this long, not a hang."`
+	Timeout        time.Duration `yaml:"timeout" default:"250ms" doc:"Bound of each store call, whole (dial, write and read included): a store that stops answering gets requests 503 with Retry-After after about this long, not a hang."`
 }
 
 // ClientTLS is how the gateway verifies a server it connects to.
@@ -76,12 +76,13 @@ type ClientTLS struct {
 
 // PostgresStore is the PostgreSQL store's settings.
 type PostgresStore struct {
-	DSN         string `yaml:"dsn" doc:"Connection string without a password (postgres://user@host/db, or key=value); with a password use dsn_file or dsn_env. Exactly one of the three."`
-	DSNFile     string `yaml:"dsn_file" doc:"File holding the connection string."`
-	DSNEnv      string `yaml:"dsn_env" doc:"Environment variable holding the connection string."`
-	Table       string `yaml:"table" default:"idem_keys" doc:"The table (optionally schema-qualified); created at start when missing."`
-	CreateTable bool   `yaml:"create_table" default:"true" doc:"Create the table at start when it is missing; false for those who migrate with their own tools (pgstore.Schema prints the SQL)."`
-	MaxConns    int    `yaml:"max_conns" default:"0" doc:"The pool's most connections; 0: pgx's default."`
+	DSN         string        `yaml:"dsn" doc:"Connection string without a password (postgres://user@host/db, or key=value); with a password use dsn_file or dsn_env. Exactly one of the three."`
+	DSNFile     string        `yaml:"dsn_file" doc:"File holding the connection string."`
+	DSNEnv      string        `yaml:"dsn_env" doc:"Environment variable holding the connection string."`
+	Table       string        `yaml:"table" default:"idem_keys" doc:"The table (optionally schema-qualified); created at start when missing."`
+	CreateTable bool          `yaml:"create_table" default:"true" doc:"Create the table at start when it is missing; false for those who migrate with their own tools (pgstore.Schema prints the SQL)."`
+	MaxConns    int           `yaml:"max_conns" default:"0" doc:"The pool's most connections; 0: pgx's default."`
+	Timeout     time.Duration `yaml:"timeout" default:"1s" doc:"Bound of each store call, whole (waiting for a connection of the pool, dial and query included): a store that stops answering gets requests 503 with Retry-After after about this long, not a hang. Each try of creating the table at start has this bound or 10s, the longer."`
 }
 
 // Upstream is a service behind the gateway.
@@ -104,7 +105,7 @@ type Route struct {
 	Key             Key           `yaml:"key" doc:"Where a request's idempotency key is: exactly one of header, json and form; default the Idempotency-Key header."`
 	RequireKey      bool          `yaml:"require_key" doc:"A protected request without a key gets 400 instead of passing through unprotected. Implied by json and form keys."`
 	Scope           *Scope        `yaml:"scope" doc:"Whose records a request reads and writes: exactly one of header, authorization and none; required when the route protects a method."`
-	Lease           time.Duration `yaml:"lease" default:"30s" doc:"How long a request in flight holds its key without being renewed; renewed while the upstream works. A gateway that dies frees its keys after at most this long."`
+	Lease           time.Duration `yaml:"lease" default:"30s" doc:"How long a request in flight holds its key without being renewed; renewed while the upstream works. A gateway that dies frees its keys after at most this long. At least 30ms."`
 	TTL             time.Duration `yaml:"ttl" default:"24h" doc:"How long a response is kept for retries; at least the lease."`
 	Wait            time.Duration `yaml:"wait" default:"0s" doc:"How long a duplicate waits for the first request's answer before it gets 409 with Retry-After; 0: 409 at once."`
 	MaxRequestBody  int64         `yaml:"max_request_body" default:"1048576" doc:"The largest protected request body, in bytes (413 beyond)."`

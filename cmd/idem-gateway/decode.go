@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -20,6 +21,10 @@ import (
 // field's path ("gateway.yaml:12:5: routes[1].lease: ..."), in words that
 // speak of the file rather than of Go types; and so that the defaults live
 // in one place, the fields' default tags, which the reference prints.
+// A field written with no value (nothing after the colon, ~ or null) is
+// its default as when it is left out; or, without a default, {} for a
+// mapping and an error for anything else: never a zero that would mean
+// "off" (protect: alone is not protect: []).
 
 // ConfigError is one error of a configuration file.
 type ConfigError struct {
@@ -82,23 +87,35 @@ type decoder struct {
 // parseConfig decodes and validates a configuration file's contents.
 func parseConfig(file string, data []byte) (*Config, error) {
 	d := &decoder{file: file, pos: map[string]*yaml.Node{}, bad: map[string]bool{}}
-	var doc yaml.Node
+	// The file holds one YAML document; empty ones (a lone ---) around it
+	// are not counted.
+	var root *yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
 		if errors.Is(err, io.EOF) {
-			return nil, ConfigErrors{{File: file, Msg: "the file is empty"}}
+			break
 		}
-		return nil, ConfigErrors{{File: file, Line: yamlLine(err), Msg: yamlMsg(err)}}
+		if err != nil {
+			return nil, ConfigErrors{{File: file, Line: yamlLine(err), Msg: yamlMsg(err)}}
+		}
+		n := &doc
+		if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+			n = n.Content[0]
+		}
+		if n.Kind == 0 || isNull(n) {
+			continue
+		}
+		if root != nil {
+			return nil, ConfigErrors{{File: file, Line: doc.Line, Column: doc.Column, Msg: "more than one YAML document"}}
+		}
+		root = n
 	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, ConfigErrors{{File: file, Line: more.Line, Column: more.Column, Msg: "more than one YAML document"}}
+	if root == nil {
+		return nil, ConfigErrors{{File: file, Msg: "the file holds no configuration"}}
 	}
 	cfg := new(Config)
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
-	}
 	d.value(root, "", reflect.ValueOf(cfg).Elem())
 	validate(d, cfg)
 	if len(d.errs) > 0 {
@@ -137,10 +154,8 @@ func yamlMsg(err error) string {
 // errorf records an error at path, placed at the node decoded for path or,
 // when there is none (a field left out), at its nearest parent.
 func (d *decoder) errorf(path, format string, args ...any) {
-	for p := path; p != ""; p = parentPath(p) {
-		if d.bad[p] {
-			return // what did not decode is reported already
-		}
+	if d.failed(path) {
+		return // what did not decode is reported already
 	}
 	e := &ConfigError{File: d.file, Path: path, Msg: fmt.Sprintf(format, args...)}
 	for p := path; ; p = parentPath(p) {
@@ -153,6 +168,16 @@ func (d *decoder) errorf(path, format string, args ...any) {
 		}
 	}
 	d.errs = append(d.errs, e)
+}
+
+// failed reports whether path, or a field that holds it, did not decode.
+func (d *decoder) failed(path string) bool {
+	for p := path; p != ""; p = parentPath(p) {
+		if d.bad[p] {
+			return true
+		}
+	}
+	return d.bad[""]
 }
 
 // at records an error at node n.
@@ -179,6 +204,16 @@ func join(path, name string) string {
 
 var durationType = reflect.TypeFor[time.Duration]()
 
+// maxItems bounds the lists that a time or a memory that grows faster
+// than their length would make too long: they are refused before their
+// items are decoded.
+var maxItems = map[string]struct {
+	n         int
+	what, why string
+}{
+	"routes": {maxRoutes, "routes", " (a pattern's {name} wildcards serve many paths with one route)"},
+}
+
 // value decodes n into v, a field at path.
 func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 	d.pos[path] = n
@@ -186,8 +221,9 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 		d.at(n, path, "aliases are not supported: write the value out")
 		return
 	}
-	if n.Tag == "!!null" && n.Kind == yaml.ScalarNode {
-		return // left at its default
+	if isNull(n) {
+		d.empty(n, path, v)
+		return
 	}
 	switch {
 	case v.Kind() == reflect.Pointer:
@@ -202,9 +238,19 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 			d.at(n, path, "want a list, got %s", kindName(n))
 			return
 		}
+		if m, ok := maxItems[path]; ok && len(n.Content) > m.n {
+			d.at(n, path, "%d %s: at most %d%s", len(n.Content), m.what, m.n, m.why)
+			return
+		}
 		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 		for i, c := range n.Content {
-			d.value(c, fmt.Sprintf("%s[%d]", path, i), s.Index(i))
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if isNull(c) {
+				d.pos[p] = c
+				d.at(c, p, "no value: write one, or remove the item")
+				continue
+			}
+			d.value(c, p, s.Index(i))
 		}
 		v.Set(s)
 	case v.Kind() == reflect.Map:
@@ -258,6 +304,11 @@ func (d *decoder) object(n *yaml.Node, path string, v reflect.Value) {
 			d.at(k, p, "unknown field (known: %s)", strings.Join(fieldNames(t), ", "))
 		case seen[k.Value]:
 			d.at(k, p, "declared twice")
+		case isNull(c) && hasDefault(f):
+			// An empty value is the default, as when the field is left out.
+			seen[k.Value] = true
+			d.pos[p] = c
+			applyDefault(v.FieldByIndex(f.Index), f)
 		default:
 			seen[k.Value] = true
 			d.pos[p] = c
@@ -271,6 +322,41 @@ func (d *decoder) object(n *yaml.Node, path string, v reflect.Value) {
 			continue
 		}
 		applyDefault(v.Field(i), f)
+	}
+}
+
+// isNull reports whether n is YAML's null: nothing after the colon, ~ or
+// null.
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+func hasDefault(f reflect.StructField) bool {
+	_, ok := f.Tag.Lookup("default")
+	return ok
+}
+
+// empty decodes n, the empty value of a field whose tag has no default,
+// into v: a mapping's is {}, whose fields take their defaults; anything
+// else's is an error, never a zero that would mean "off".
+func (d *decoder) empty(n *yaml.Node, path string, v reflect.Value) {
+	t := v.Type()
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if v.Kind() == reflect.Pointer {
+			v.Set(reflect.New(t))
+			v = v.Elem()
+		}
+		for i := range t.NumField() {
+			applyDefault(v.Field(i), t.Field(i))
+		}
+	case reflect.Map:
+		v.Set(reflect.MakeMap(t))
+	default:
+		d.at(n, path, "no value: write one, or leave the field out")
 	}
 }
 
@@ -293,8 +379,8 @@ func applyDefault(v reflect.Value, f reflect.StructField) {
 // setDefault sets v from a default tag: a scalar or a YAML flow list.
 func setDefault(v reflect.Value, def string) error {
 	if v.Kind() == reflect.Slice {
-		var items []string
-		if err := yaml.Unmarshal([]byte(def), &items); err != nil {
+		items, err := defaultList(def)
+		if err != nil {
 			return err
 		}
 		s := reflect.MakeSlice(v.Type(), len(items), len(items))
@@ -307,6 +393,22 @@ func setDefault(v reflect.Value, def string) error {
 		return nil
 	}
 	return setScalar(v, def)
+}
+
+// defaultLists holds the default tags' lists, parsed once: a file of many
+// routes does not parse a route's default again for each.
+var defaultLists sync.Map // tag -> []string
+
+func defaultList(def string) ([]string, error) {
+	if items, ok := defaultLists.Load(def); ok {
+		return items.([]string), nil
+	}
+	var items []string
+	if err := yaml.Unmarshal([]byte(def), &items); err != nil {
+		return nil, err
+	}
+	defaultLists.Store(def, items)
+	return items, nil
 }
 
 // setScalar sets v, a string, bool, integer or duration, from s.

@@ -211,9 +211,19 @@ func newProxy(u *Upstream, t *http.Transport, log *slog.Logger, maxBody int) htt
 			// not a 1xx (an upgrade's body is the connection) nor an
 			// answer without a body.
 			info, _ := idem.FromContext(res.Request.Context())
-			if info.Protected && res.ContentLength < 0 && res.StatusCode >= 200 &&
-				res.StatusCode != http.StatusNoContent && res.StatusCode != http.StatusNotModified && res.Request.Method != http.MethodHead {
+			if !info.Protected || res.StatusCode < 200 || res.StatusCode == http.StatusNoContent ||
+				res.StatusCode == http.StatusNotModified || res.Request.Method == http.MethodHead {
+				return nil
+			}
+			if res.ContentLength < 0 {
 				return readWhole(res, maxBody)
+			}
+			if len(res.Trailer) > 0 {
+				// Trailers announced with a Content-Length (HTTP/2 allows
+				// both): without the length the client gets the body
+				// chunked, with the trailers, as the record's replay sends
+				// it; with it, net/http would drop them.
+				res.Header.Del("Content-Length")
 			}
 			return nil
 		},
@@ -298,7 +308,13 @@ func (k *keepWriting) Unwrap() http.ResponseWriter { return k.ResponseWriter }
 
 // readWhole reads a response body of unknown length whole, when it has at
 // most limit bytes, and gives the response its Content-Length; a longer
-// body is passed on as it comes (its record will not be kept).
+// body is passed on as it comes (its record will not be kept). A body
+// followed by trailers (announced by the Trailer header or not) keeps no
+// Content-Length: the client gets it chunked, with its trailers, as the
+// record's replay sends it (HTTP/1.1 has trailers only after a chunked
+// body). A read that fails returns its error, for the proxy's 502; the
+// upstream answered, so ProxyTransport has marked the execution done:
+// retries get 409, never a second call.
 func readWhole(res *http.Response, limit int) error {
 	buf, err := io.ReadAll(io.LimitReader(res.Body, int64(limit)+1))
 	if err != nil {
@@ -311,11 +327,13 @@ func readWhole(res *http.Response, limit int) error {
 		}{io.MultiReader(bytes.NewReader(buf), res.Body), res.Body}
 		return nil
 	}
-	res.Body.Close()
+	res.Body.Close() // res.Trailer now holds the trailers that came
 	res.Body = io.NopCloser(bytes.NewReader(buf))
-	res.ContentLength = int64(len(buf))
-	res.Header.Set("Content-Length", strconv.Itoa(len(buf)))
-	res.TransferEncoding = nil
+	res.ContentLength = int64(len(buf)) // known: ReverseProxy passes it on without flushing
+	if len(res.Trailer) == 0 {
+		res.Header.Set("Content-Length", strconv.Itoa(len(buf)))
+		res.TransferEncoding = nil
+	}
 	return nil
 }
 

@@ -119,14 +119,20 @@ func (g *gateway) run(ctx context.Context, hup <-chan os.Signal) error {
 				ln.Close()
 				return fmt.Errorf("listen[%d].tls: %w", i, err)
 			}
+			// ServeTLS offers HTTP/2 and HTTP/1.1 (ALPN h2 and http/1.1);
+			// Serve on a tls.NewListener would offer neither, and speak
+			// HTTP/1.1 only.
 			srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
-			ln = tls.NewListener(ln, srv.TLSConfig)
 		}
 		servers = append(servers, srv)
 		serving.Add(1)
 		go func() {
 			defer serving.Done()
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			serve := srv.Serve
+			if srv.TLSConfig != nil {
+				serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
+			}
+			if err := serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				serveErr <- fmt.Errorf("listen[%d]: %w", i, err)
 			}
 		}()

@@ -35,18 +35,157 @@ type openedStore struct {
 func openStore(ctx context.Context, c *Store, log *slog.Logger) (*openedStore, error) {
 	switch {
 	case c.Memory != nil:
-		var opts []memstore.Option
-		if c.Memory.MaxEntries > 0 {
-			opts = append(opts, memstore.WithMaxEntries(c.Memory.MaxEntries))
-		}
-		ms := memstore.New(opts...)
+		// Never an eviction: a done record evicted would let its retry
+		// call the upstream again. A full store refuses new keys
+		// (storage.ErrFull: 503 with Retry-After); max_entries 0 keeps
+		// memstore's default bound.
+		ms := memstore.New(memstore.WithMaxEntries(c.Memory.MaxEntries), memstore.WithoutEviction())
 		return &openedStore{Store: ms, kind: "memory", ping: func(context.Context) error { return nil }, close: func() { ms.Close() }}, nil
 	case c.Redis != nil:
-		return openRedis(ctx, c.Redis, log)
+		s, err := openRedis(ctx, c.Redis, log)
+		if err != nil {
+			return nil, err
+		}
+		s.Store = withTimeout(s.Store, c.Redis.Timeout)
+		return s, nil
 	case c.Postgres != nil:
-		return openPostgres(ctx, c.Postgres, log)
+		if c.Postgres.Timeout <= 0 {
+			return nil, fmt.Errorf("store.postgres.timeout: %v: must be positive", c.Postgres.Timeout)
+		}
+		s, err := openPostgres(ctx, c.Postgres, log)
+		if err != nil {
+			return nil, err
+		}
+		s.Store = withTimeout(s.Store, c.Postgres.Timeout)
+		return s, nil
 	}
 	return nil, errors.New("no store declared")
+}
+
+// withTimeout returns s with each call bounded by d: a call that has no
+// answer within d fails (with an error wrapping the context's
+// DeadlineExceeded), so a store that stops answering (a frozen server, a
+// lost network) gets requests 503 with Retry-After, ErrStoreUnavailable,
+// after about d rather than a hang. The caller's context still ends a
+// call sooner. The wrapper has the optional interfaces of s
+// (storage.Issuer, storage.Inspector), and only those; d <= 0 returns s.
+func withTimeout(s storage.Store, d time.Duration) storage.Store {
+	if d <= 0 {
+		return s
+	}
+	t := &timeoutStore{s: s, d: d}
+	iss, isIssuer := s.(storage.Issuer)
+	ins, isInspector := s.(storage.Inspector)
+	switch {
+	case isIssuer && isInspector:
+		return struct {
+			*timeoutStore
+			timeoutIssuer
+			timeoutInspector
+		}{t, timeoutIssuer{t, iss}, timeoutInspector{t, ins}}
+	case isIssuer:
+		return struct {
+			*timeoutStore
+			timeoutIssuer
+		}{t, timeoutIssuer{t, iss}}
+	case isInspector:
+		return struct {
+			*timeoutStore
+			timeoutInspector
+		}{t, timeoutInspector{t, ins}}
+	}
+	return t
+}
+
+// timeoutStore bounds each call of s by d (see withTimeout).
+type timeoutStore struct {
+	s storage.Store
+	d time.Duration
+}
+
+// bound returns the context of one call, under ctx.
+func (t *timeoutStore) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, t.d)
+}
+
+// explain says, of a call's error, when the bound ended the call rather
+// than the caller's ctx.
+func (t *timeoutStore) explain(ctx, call context.Context, err error) error {
+	if err != nil && call.Err() != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w (no answer within the store's timeout, %v)", err, t.d)
+	}
+	return err
+}
+
+func (t *timeoutStore) Acquire(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	call, cancel := t.bound(ctx)
+	defer cancel()
+	res, err := t.s.Acquire(call, key, owner, fingerprint, lease)
+	return res, t.explain(ctx, call, err)
+}
+
+func (t *timeoutStore) Complete(ctx context.Context, key, owner string, record []byte, ttl time.Duration) error {
+	call, cancel := t.bound(ctx)
+	defer cancel()
+	return t.explain(ctx, call, t.s.Complete(call, key, owner, record, ttl))
+}
+
+func (t *timeoutStore) Release(ctx context.Context, key, owner string) error {
+	call, cancel := t.bound(ctx)
+	defer cancel()
+	return t.explain(ctx, call, t.s.Release(call, key, owner))
+}
+
+func (t *timeoutStore) Extend(ctx context.Context, key, owner string, lease time.Duration) error {
+	call, cancel := t.bound(ctx)
+	defer cancel()
+	return t.explain(ctx, call, t.s.Extend(call, key, owner, lease))
+}
+
+// timeoutIssuer bounds the calls of a storage.Issuer.
+type timeoutIssuer struct {
+	t *timeoutStore
+	s storage.Issuer
+}
+
+func (t timeoutIssuer) Issue(ctx context.Context, key string, ttl time.Duration) error {
+	call, cancel := t.t.bound(ctx)
+	defer cancel()
+	return t.t.explain(ctx, call, t.s.Issue(call, key, ttl))
+}
+
+func (t timeoutIssuer) AcquireIssued(ctx context.Context, key, owner, fingerprint string, lease time.Duration) (storage.Result, error) {
+	call, cancel := t.t.bound(ctx)
+	defer cancel()
+	res, err := t.s.AcquireIssued(call, key, owner, fingerprint, lease)
+	return res, t.t.explain(ctx, call, err)
+}
+
+// timeoutInspector bounds the calls of a storage.Inspector.
+type timeoutInspector struct {
+	t *timeoutStore
+	s storage.Inspector
+}
+
+func (t timeoutInspector) Lookup(ctx context.Context, key string, withRecord bool) (storage.Entry, error) {
+	call, cancel := t.t.bound(ctx)
+	defer cancel()
+	e, err := t.s.Lookup(call, key, withRecord)
+	return e, t.t.explain(ctx, call, err)
+}
+
+func (t timeoutInspector) List(ctx context.Context, q storage.Query) (storage.Page, error) {
+	call, cancel := t.t.bound(ctx)
+	defer cancel()
+	p, err := t.s.List(call, q)
+	return p, t.t.explain(ctx, call, err)
+}
+
+func (t timeoutInspector) Remove(ctx context.Context, key, version string) (storage.Entry, error) {
+	call, cancel := t.t.bound(ctx)
+	defer cancel()
+	e, err := t.s.Remove(call, key, version)
+	return e, t.t.explain(ctx, call, err)
 }
 
 // secret reads a secret from a file or an environment variable.
@@ -179,7 +318,15 @@ func openPostgres(ctx context.Context, c *PostgresStore, log *slog.Logger) (*ope
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	if c.CreateTable {
-		if err := retry(ctx, log, "postgres", func() error { return st.CreateTable(ctx) }); err != nil {
+		// Each try is bounded too (DDL may wait for a lock: at least
+		// 10s), so that a server that does not answer is logged and
+		// tried again rather than waited for.
+		create := func() error {
+			ctx, cancel := context.WithTimeout(ctx, max(c.Timeout, 10*time.Second))
+			defer cancel()
+			return st.CreateTable(ctx)
+		}
+		if err := retry(ctx, log, "postgres", create); err != nil {
 			st.Close()
 			pool.Close()
 			return nil, fmt.Errorf("creating table %s: %w", c.Table, err)

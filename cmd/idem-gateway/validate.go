@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,10 +59,42 @@ func validate(d *decoder, c *Config) {
 	if len(c.Routes) == 0 {
 		d.errorf("routes", "declare at least one route (routes: [{match: \"/\", upstream: app, scope: {none: true}}])")
 	}
-	mux := http.NewServeMux()
+	pats := &patterns{mux: http.NewServeMux(), first: map[string]int{}}
 	for i, r := range c.Routes {
-		validateRoute(d, fmt.Sprintf("routes[%d]", i), r, c, mux)
+		validateRoute(d, fmt.Sprintf("routes[%d]", i), r, c, pats)
 	}
+	if len(d.errs) > 0 {
+		return
+	}
+	// The middleware checks its own options too: the checks above should
+	// have found whatever it refuses, and its answer is placed at the route.
+	ms := memstore.New()
+	defer ms.Close()
+	for i, r := range c.Routes {
+		if len(r.Protect) == 0 {
+			continue
+		}
+		if _, err := idem.New(ms, routeOptions(r)...); err != nil {
+			d.errorf(fmt.Sprintf("routes[%d]", i), "%v", strings.TrimPrefix(err.Error(), "idem: "))
+		}
+	}
+}
+
+// maxRoutes is the most routes a file may declare: net/http's ServeMux
+// checks each pattern against those registered before it (one that ends
+// in / or {name...} against every one), at each start and reload, a time
+// that grows as the square of the routes. The decoder refuses more
+// (maxItems), before it decodes them.
+const maxRoutes = 10_000
+
+// minLease is the shortest lease idem.WithLease accepts.
+const minLease = 30 * time.Millisecond
+
+// patterns checks the routes' patterns as the gateway's ServeMux will
+// register them.
+type patterns struct {
+	mux   *http.ServeMux
+	first map[string]int // by pattern, the first route that has it
 }
 
 func validateStore(d *decoder, c *Config) {
@@ -136,6 +169,7 @@ func validateStore(d *decoder, c *Config) {
 		if pg.MaxConns < 0 {
 			d.errorf(p+".max_conns", "must not be negative")
 		}
+		positive(d, p+".timeout", pg.Timeout)
 	}
 }
 
@@ -167,15 +201,15 @@ func validateUpstream(d *decoder, p string, u *Upstream) {
 	}
 }
 
-func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux) {
+func validateRoute(d *decoder, p string, r *Route, c *Config, pats *patterns) {
 	if r == nil {
 		d.errorf(p, "an empty route")
 		return
 	}
 	if r.Match == "" {
 		d.errorf(p+".match", "required: a net/http pattern such as \"POST /orders\" or \"/\"")
-	} else if err := register(mux, r.Match, http.NotFoundHandler()); err != nil {
-		d.errorf(p+".match", "%v", err)
+	} else if !d.failed(p + ".match") {
+		checkPattern(d, p+".match", r.Match, pats)
 	}
 	if r.Upstream == "" {
 		d.errorf(p+".upstream", "required: the name of one of upstreams")
@@ -183,8 +217,11 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 		d.errorf(p+".upstream", "%q is not declared in upstreams (declared: %s)", r.Upstream, strings.Join(sortedKeys(c.Upstreams), ", "))
 	}
 	for i, m := range r.Protect {
-		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/") {
+		switch {
+		case m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/"):
 			d.errorf(fmt.Sprintf("%s.protect[%d]", p, i), "%q: want a method in upper case (POST)", m)
+		case m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions || m == http.MethodTrace:
+			d.errorf(fmt.Sprintf("%s.protect[%d]", p, i), "%q is safe: a safe method needs no protection (POST, PUT, PATCH, DELETE)", m)
 		}
 	}
 	keys := 0
@@ -195,6 +232,9 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 	}
 	if keys > 1 {
 		d.errorf(p+".key", "declare one of header, json and form")
+	}
+	if r.Key.Header != "" && strings.ContainsAny(r.Key.Header, " \t\r\n:") {
+		d.errorf(p+".key.header", "%q: not a header name", r.Key.Header)
 	}
 	if r.Key.JSON != "" && slices.Contains(strings.Split(r.Key.JSON, "."), "") {
 		d.errorf(p+".key.json", "%q: want member names joined by dots (data.object.id)", r.Key.JSON)
@@ -226,6 +266,23 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 			}
 		}
 	}
+	// lease, ttl and wait, as idem.New checks them, each at its own field.
+	leaseOK := r.Lease >= minLease && !d.failed(p+".lease")
+	ttlOK := r.TTL > 0 && !d.failed(p+".ttl")
+	if !leaseOK {
+		d.errorf(p+".lease", "%v: must be at least %v", r.Lease, minLease)
+	}
+	if !ttlOK {
+		d.errorf(p+".ttl", "must be positive")
+	}
+	if leaseOK && ttlOK && r.TTL < r.Lease {
+		if _, written := d.pos[p+".ttl"]; written {
+			d.errorf(p+".ttl", "%v is shorter than the lease (%v): a response is kept at least as long as its key is held", r.TTL, r.Lease)
+		} else {
+			d.errorf(p+".lease", "%v is longer than the ttl (%v): a response is kept at least as long as its key is held", r.Lease, r.TTL)
+		}
+	}
+	notNegative(d, p+".wait", r.Wait)
 	for i, s := range r.Cacheable {
 		if _, _, err := statusRange(s); err != nil {
 			d.errorf(fmt.Sprintf("%s.cacheable[%d]", p, i), "%v", err)
@@ -237,16 +294,61 @@ func validateRoute(d *decoder, p string, r *Route, c *Config, mux *http.ServeMux
 	if r.MaxResponseBody <= 0 {
 		d.errorf(p+".max_response_body", "must be positive")
 	}
-	if len(d.errs) > 0 || len(r.Protect) == 0 {
-		return // the options below would repeat what is reported, or are not used
+}
+
+// checkPattern checks the route's pattern at path: that net/http parses
+// it, and that no route before matches the same requests (the ServeMux
+// refuses two such patterns).
+func checkPattern(d *decoder, path, pattern string, pats *patterns) {
+	if j, ok := pats.first[pattern]; ok {
+		d.errorf(path, "%q is the pattern of routes[%d] too (%s)", pattern, j, d.where(fmt.Sprintf("routes[%d].match", j)))
+		return
 	}
-	// The middleware checks its own options (lease, ttl, wait and how they
-	// relate): asked now, its answer is placed at the route.
-	ms := memstore.New()
-	defer ms.Close()
-	if _, err := idem.New(ms, routeOptions(r)...); err != nil {
-		d.errorf(p, "%v", strings.TrimPrefix(err.Error(), "idem: "))
+	err := register(pats.mux, pattern, http.NotFoundHandler())
+	if err == nil {
+		pats.first[pattern] = routeIndex(path)
+		return
 	}
+	// "pattern P (registered at F:L) conflicts with pattern Q (registered
+	// at F:L):\nwhy, on lines": Q and why make the error, on one line.
+	msg := err.Error()
+	if _, rest, ok := strings.Cut(msg, " conflicts with pattern "); ok {
+		if q, err := strconv.QuotedPrefix(rest); err == nil {
+			other, _ := strconv.Unquote(q)
+			if j, ok := pats.first[other]; ok {
+				_, why, _ := strings.Cut(rest, ":\n")
+				d.errorf(path, "%q conflicts with routes[%d]'s %q (%s): %s", pattern, j, other, d.where(fmt.Sprintf("routes[%d].match", j)), oneLine(why))
+				return
+			}
+		}
+	}
+	d.errorf(path, "%s", oneLine(msg))
+}
+
+// where names the place in the file of the field at path: "g.yaml:3:12".
+func (d *decoder) where(path string) string {
+	if n, ok := d.pos[path]; ok {
+		return fmt.Sprintf("%s:%d:%d", d.file, n.Line, n.Column)
+	}
+	return d.file
+}
+
+// routeIndex returns i of "routes[i].match".
+func routeIndex(path string) int {
+	s := strings.TrimPrefix(path, "routes[")
+	s, _, _ = strings.Cut(s, "]")
+	i, _ := strconv.Atoi(s)
+	return i
+}
+
+// registeredAt is what net/http's ServeMux says of where a pattern was
+// registered: a place in the gateway's source, not in the file.
+var registeredAt = regexp.MustCompile(` \(registered at [^)]*\)`)
+
+// oneLine makes a ServeMux error one line, without its source places.
+func oneLine(s string) string {
+	s = registeredAt.ReplaceAllString(s, "")
+	return strings.Join(strings.Fields(s), " ")
 }
 
 // register adds pattern to mux, turning its panic on a malformed or
