@@ -434,7 +434,7 @@ func TestMigrationBeforeIssuedKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	openOn := func(table string, opts ...pgstore.Option) *pgstore.Store {
-		s, err := pgstore.New(pool, append(opts, pgstore.WithTable(table))...)
+		s, err := pgstore.New(pool, append([]pgstore.Option{pgstore.WithMaxRecordBytes(storeMax)}, append(opts, pgstore.WithTable(table))...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
