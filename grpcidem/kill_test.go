@@ -53,14 +53,30 @@ func TestKill9AcrossProcesses(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // polling Redis
 	}
 	first.kill()
+	killed := time.Now()
+	// The dead process's lease, as Redis counts it after the kill: it
+	// runs out no earlier than expiry (at once if it ran out before).
+	expiry := killed
+	keys, err := rdb.Keys(context.Background(), prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if k != prefix+"runs" {
+			if pttl := rdb.PTTL(context.Background(), k).Val(); pttl > 0 {
+				expiry = killed.Add(pttl)
+			}
+		}
+	}
 	if err := within(t, held, "the call to the killed process"); err == nil {
 		t.Fatal("the call to the killed process succeeded")
 	}
 
 	var attempts []grpcidem.Attempt
+	var ended []time.Time // when each attempt had ended
 	conn2 := dial(t, second.addr, grpc.WithChainUnaryInterceptor(grpcidem.UnaryClientInterceptor(
 		grpcidem.WithMaxAttempts(20),
-		grpcidem.WithAttemptHook(func(a grpcidem.Attempt) { attempts = append(attempts, a) }),
+		grpcidem.WithAttemptHook(func(a grpcidem.Attempt) { attempts, ended = append(attempts, a), append(ended, time.Now()) }),
 	)))
 	var resp wrapperspb.StringValue
 	var header metadata.MD
@@ -70,14 +86,28 @@ func TestKill9AcrossProcesses(t *testing.T) {
 	if want := fmt.Sprintf("run 2 by %d", second.cmd.Process.Pid); resp.GetValue() != want || len(header.Get(grpcidem.ReplayedHeader)) != 0 {
 		t.Errorf("the retry got %q (header %v), want %q, not replayed", resp.GetValue(), header, want)
 	}
-	if len(attempts) < 2 || attempts[0].Code != codes.Aborted || attempts[len(attempts)-1].Code != codes.OK {
+	noVerdict := ""
+	switch {
+	case len(attempts) == 0 || attempts[len(attempts)-1].Code != codes.OK:
 		t.Errorf("attempts %v: want Aborted while the lease ran, then OK", codesOf(attempts))
+	case attempts[0].Code == codes.Aborted && len(attempts) >= 2:
+	case ended[0].Before(expiry):
+		t.Errorf("attempts %v: want Aborted while the lease ran (it ran out %v after the kill), then OK",
+			codesOf(attempts), expiry.Sub(killed).Round(time.Millisecond))
+	default:
+		// The retry came after the lease had run out: a loaded machine.
+		noVerdict = fmt.Sprintf("the first retry ended %v after the kill, after the dead process's lease had run out (%v after it): "+
+			"a loaded machine, no verdict on the Aborted while the lease runs", ended[0].Sub(killed).Round(time.Millisecond),
+			expiry.Sub(killed).Round(time.Millisecond))
 	}
 	if err := conn2.Invoke(ctx, createMethod, order("book", 12), &resp, grpc.Header(&header)); err != nil || header.Get(grpcidem.ReplayedHeader)[0] != "true" {
 		t.Errorf("the next retry: %v, header %v; want the replay", err, header)
 	}
 	if n := runs(); n != "2" {
 		t.Errorf("the handler ran %s times, want 2 (the killed run and one on the second process)", n)
+	}
+	if noVerdict != "" {
+		t.Skip(noVerdict)
 	}
 }
 

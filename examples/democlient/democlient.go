@@ -22,8 +22,9 @@ import (
 
 // Clicks holds a request whose query has slow=1 in its handler until
 // idem has turned away a duplicate of it (the same Idempotency-Key) with
-// 409, or for 3 seconds: the demo's double click then shows the 409 on any
-// machine. Other requests pass at once.
+// 409, or for 10 seconds: the demo's double click then shows the 409 on any
+// machine, however loaded (the duplicate, sent at the same time, comes
+// long before). Other requests pass at once.
 type Clicks struct {
 	mu      sync.Mutex
 	pending map[string]chan struct{} // by key; closed once a duplicate got 409
@@ -61,7 +62,7 @@ func (d *Clicks) Hold(r *http.Request) {
 		}
 		d.mu.Unlock()
 	}()
-	t := time.NewTimer(3 * time.Second)
+	t := time.NewTimer(10 * time.Second)
 	defer t.Stop()
 	select {
 	case <-ch:

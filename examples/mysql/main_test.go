@@ -167,9 +167,11 @@ func TestProcessDiedAfterCommit(t *testing.T) {
 	a := newApp(t)
 	// The dead execution's lease: until it has run out, the store may
 	// count the entry in flight (the execution might still store its
-	// response), and a retry gets 409. The retries below wait for it
-	// (WithWait) rather than the test.
-	const lease = 500 * time.Millisecond
+	// response), and a retry gets 409. A minute, so that the handler
+	// fences well within it however loaded the machine (a short lease,
+	// renewed on a real clock, could run out first); the test then ends
+	// it by moving the entry's times back (endLease), not by waiting.
+	const lease = time.Minute
 	dying, _ := a.serve(&diesAfterCommit{Store: a.svc.store}, idem.WithLease(lease))
 	const key, body = "died", `{"item":"book","amount":12}`
 	orig := mustPost(t, dying, key, body)
@@ -180,7 +182,8 @@ func TestProcessDiedAfterCommit(t *testing.T) {
 		t.Fatalf("idem's entry is %q after the process died, want committed (fenced, no response stored)", s)
 	}
 
-	base, log := a.serve(a.svc.store, idem.WithWait(20*lease))
+	a.endLease(lease)
+	base, log := a.serve(a.svc.store, idem.WithWait(10*time.Second))
 	for i := range 2 { // not stored: rebuilt for each retry
 		r := mustPost(t, base, key, body)
 		if !r.replayed() || !r.same(orig) || r.header.Get("Content-Type") != orig.header.Get("Content-Type") {
@@ -236,7 +239,11 @@ const (
 // the key.
 func TestProcessKilledAfterCommit(t *testing.T) {
 	a := newApp(t)
-	const lease = 500 * time.Millisecond
+	// The child's lease: a minute, so that its handler fences well within
+	// it however loaded the machine (a short lease, renewed on a real
+	// clock, could run out first); the test ends it after the kill by
+	// moving the entry's times back (endLease), not by waiting.
+	const lease = time.Minute
 	cmd := exec.Command(os.Args[0])
 	sep := "?"
 	if strings.Contains(a.dsn, "?") {
@@ -328,7 +335,8 @@ func TestProcessKilledAfterCommit(t *testing.T) {
 		t.Fatalf("%d orders for the key after the kill, want 1", got)
 	}
 
-	retries, log := a.serve(a.svc.store, idem.WithWait(20*lease))
+	a.endLease(lease)
+	retries, log := a.serve(a.svc.store, idem.WithWait(10*time.Second))
 	for i := range 2 {
 		r := mustPost(t, retries, key, body)
 		if !r.replayed() || r.status != orig.Status || r.header.Get("Location") != orig.Header.Get("Location") ||
@@ -604,6 +612,16 @@ func (a *app) entryState() string {
 		a.t.Fatal(err)
 	}
 	return s
+}
+
+// endLease moves the times of idem's entries d back, as if d had passed:
+// a lease of d is over.
+func (a *app) endLease(d time.Duration) {
+	a.t.Helper()
+	if _, err := a.db.Exec("UPDATE "+quote(a.table)+" SET expires = expires - ?, held_until = held_until - ?",
+		d.Microseconds(), d.Microseconds()); err != nil {
+		a.t.Fatal(err)
+	}
 }
 
 // waitLocked waits until a statement of this database that starts with

@@ -285,10 +285,10 @@ func TestRecommendedOptionsFailFast(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	_, err = s.Acquire(ctx, "k", "o", "", time.Minute)
-	if took := time.Since(start); err == nil || took > time.Second {
-		t.Fatalf("Acquire on a stalled server: %v after %v, want an error by the 100ms deadline", err, took)
+	// Within a second, however late a loaded machine fires its timers.
+	took, late := timed(func() { _, err = s.Acquire(ctx, "k", "o", "", time.Minute) })
+	if err == nil || took > time.Second+late {
+		t.Fatalf("Acquire on a stalled server: %v after %v (timers %v late), want an error by the 100ms deadline", err, took, late)
 	}
 	if errors.Is(err, storage.ErrNotOwner) || errors.Is(err, storage.ErrInvalid) {
 		t.Fatalf("Acquire on a stalled server: %v", err)

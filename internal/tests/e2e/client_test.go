@@ -677,22 +677,26 @@ func TestClientServerKilled(t *testing.T) {
 				t.Fatalf("the client got answers while the request was held: %v", st)
 			}
 
-			a.kill()
-			killed := time.Now()
-			// The lease left after the kill, as Redis counts it: nobody
-			// renews it any more.
+			// The lease left, as Redis counts it just before the kill: it
+			// expires no earlier than read+pttl (a renewal in between only
+			// puts it off; none comes after the kill). Read before the kill,
+			// not after: a loaded machine could keep the test until the
+			// lease has run out.
 			var expiry time.Time
 			if !tc.replayed {
 				keys, err := rdb.Keys(ctx, "idem:*").Result()
 				if err != nil || len(keys) != 1 {
 					t.Fatalf("record keys %v (%v), want one lease", keys, err)
 				}
+				read := time.Now()
 				pttl := rdb.PTTL(ctx, keys[0]).Val()
 				if pttl <= 0 || pttl > lease {
-					t.Fatalf("lease left after the kill %v, want in (0, %v]", pttl, lease)
+					t.Fatalf("lease left before the kill %v, want in (0, %v]", pttl, lease)
 				}
-				expiry = killed.Add(pttl)
+				expiry = read.Add(pttl)
 			}
+			a.kill()
+			killed := time.Now()
 			b := startEach(t, flags)[0]
 			bAddr := b.addr()
 			target.Store(&bAddr)
@@ -711,11 +715,27 @@ func TestClientServerKilled(t *testing.T) {
 			}
 			e := checkOneExecution(t, ctx, &bad, rdb, ans.res.Key, want, ans)
 			told, waited := retryAfters(as, http.StatusConflict)
+			noVerdict := ""
 			if !tc.replayed {
-				// A new process that listens only after the lease expired
-				// (a very slow start) has no 409 to give.
-				if len(told) == 0 && up.Add(250*time.Millisecond).Before(expiry) {
-					bad.add("no attempt got 409 while the killed process's lease ran: %v", cl.statuses())
+				// An attempt the new process answered before the lease
+				// expired had to be a 409. A new process that answers
+				// only after the lease expired (a slow start, or a slow
+				// retry, on a loaded machine) has no 409 to give: the
+				// test then did not see the client wait out the lease.
+				var early int
+				for _, a := range as {
+					if a.Err == nil && a.StatusCode != http.StatusServiceUnavailable && a.at.Before(expiry) {
+						early++
+					}
+				}
+				switch {
+				case len(told) > 0:
+				case early > 0:
+					bad.add("no attempt got 409 while the killed process's lease ran, though %d were answered before it expired: %v", early, cl.statuses())
+				default:
+					noVerdict = fmt.Sprintf("no attempt was answered before the killed process's lease expired, %v after the kill "+
+						"(the new process listened %v after it): a loaded machine; no verdict on the client's wait for the lease",
+						ms(expiry.Sub(killed)), ms(up.Sub(killed)))
 				}
 				if e.at.Before(expiry) {
 					bad.add("the new process executed %v after the kill, before the lease expired (%v after it)",
@@ -733,6 +753,9 @@ func TestClientServerKilled(t *testing.T) {
 				"1 execution, %s",
 				lease, tc.gateAt, ms(ans.end.Sub(killed)), ms(up.Sub(killed)), ans.status, ans.res.Replayed,
 				ans.res.Attempts, cl.statuses(), told, roundAll(waited), which)
+			if noVerdict != "" {
+				t.Skip(noVerdict)
+			}
 		})
 	}
 }
@@ -980,13 +1003,17 @@ func TestClientRedisDown(t *testing.T) {
 				return cl.count(http.StatusServiceUnavailable) >= 2
 			})
 			resumed := time.Now() // no execution may start before
+			// The attempts that ended before Redis was given back: each
+			// was answered while it was away. (Counted after Restart or
+			// Resume, it would count an attempt that Redis, back, let
+			// succeed in between.)
+			during := len(cl.statuses())
 			if how == "killed" {
 				store.Restart()
 			} else {
 				store.Resume()
 			}
 			back := time.Now()
-			during := len(cl.statuses())
 			ans := await(t, ctx, done, cl)
 
 			bad := failures{t: t}

@@ -59,19 +59,27 @@ func testCrashedProcessLeaseExpires(t *testing.T, client string) {
 	})
 	// Renewals keep the leases alive while the handlers run (the pause is
 	// not a multiple of the renewal period, lease/3, so that the kill
-	// falls between two renewals).
-	sleep(ctx, lease*7/6)
+	// falls between two renewals). The victim renews on a real clock: a
+	// lease is lost only if no renewal got through for a whole lease,
+	// two thirds of it late, which a machine that stalls its processes
+	// that long may cause; the test measures its own stalls meanwhile.
+	stall := stallDuring(ctx, rdb, lease*7/6, lease/30)
 	if inFlight, _ := checkTTLs(t, ctx, rdb, "idem:", lease, ttl); inFlight != keys {
-		t.Fatalf("%d keys in flight, want %d", inFlight, keys)
+		if stall >= lease/3 {
+			t.Skipf("%d keys in flight, want %d; but the machine stalled the test and Redis for %v meanwhile, "+
+				"long enough for the victim's renewals of a %v lease to come late: no verdict", inFlight, keys, ms(stall), lease)
+		}
+		t.Fatalf("%d keys in flight, want %d (the test and Redis stalled at most %v meanwhile)", inFlight, keys, ms(stall))
 	}
 
-	victim.kill()
-	killed := time.Now()
-	// Each key's lease, as Redis counts it after the kill: it expires no
-	// earlier than killed+pttl.
+	// Each key's lease, as Redis counts it just before the kill: it
+	// expires no earlier than read+pttl (a renewal in between only puts it
+	// off, and none comes after the kill). Read before the kill, not
+	// after: a loaded machine could keep the test until a lease has run
+	// out.
 	first := executions(t, ctx, rdb, keyNames("crash-", keys))
+	read := time.Now()
 	expiry := map[string]time.Time{}
-	var left []time.Duration
 	iter := rdb.Scan(ctx, 0, "idem:*", 100).Iterator()
 	for iter.Next(ctx) {
 		v := rdb.Get(ctx, iter.Val()).Val()
@@ -79,15 +87,25 @@ func testCrashedProcessLeaseExpires(t *testing.T, client string) {
 		for key, ex := range first {
 			if strings.HasSuffix(v, ex[0].owner) {
 				if pttl <= 0 || pttl > lease {
-					t.Errorf("%s: PTTL %v after the kill, want in (0, %v]", key, pttl, lease)
+					t.Errorf("%s: PTTL %v before the kill, want in (0, %v]", key, pttl, lease)
 				}
-				expiry[key] = killed.Add(pttl)
-				left = append(left, pttl)
+				expiry[key] = read.Add(pttl)
 			}
 		}
 	}
 	if len(expiry) != keys {
-		t.Fatalf("found the lease of %d keys after the kill, want %d", len(expiry), keys)
+		if stall >= lease/3 {
+			t.Skipf("found the lease of %d keys before the kill, want %d; but the machine stalled the test and Redis for %v, "+
+				"long enough for the victim's renewals of a %v lease to come late: no verdict", len(expiry), keys, ms(stall), lease)
+		}
+		t.Fatalf("found the lease of %d keys before the kill, want %d", len(expiry), keys)
+	}
+
+	victim.kill()
+	killed := time.Now()
+	var left []time.Duration
+	for _, e := range expiry {
+		left = append(left, e.Sub(killed))
 	}
 
 	// Retries on the two other processes, several per key at once, until
@@ -130,10 +148,23 @@ func testCrashedProcessLeaseExpires(t *testing.T, client string) {
 	bad := failures{t: t}
 	var n409 int
 	var reran []time.Duration
+	// Retries answered before their key's lease had run out: each had to
+	// be a 409. None means the machine took the whole lease left at the
+	// kill to get a retry answered: the lease was not exercised.
+	var early int
+	firstAnswer := time.Duration(-1)
 	for i := range keys {
 		key := fmt.Sprintf("crash-%d", i)
 		var orig *reply
 		for _, r := range replies[key] {
+			if r.err == nil {
+				if r.recv.Before(expiry[key]) {
+					early++
+				}
+				if d := r.recv.Sub(killed); firstAnswer < 0 || d < firstAnswer {
+					firstAnswer = d
+				}
+			}
 			switch {
 			case r.err != nil:
 				bad.add("%v", r)
@@ -175,8 +206,15 @@ func testCrashedProcessLeaseExpires(t *testing.T, client string) {
 		}
 	}
 	bad.report("after the crash")
-	if n409 == 0 {
-		t.Error("no retry got 409: the test did not exercise the lease")
+	noVerdict := ""
+	switch {
+	case n409 > 0:
+	case early > 0:
+		t.Errorf("no retry got 409, though %d were answered before their key's lease ran out", early)
+	default:
+		noVerdict = fmt.Sprintf("no retry was answered before its key's lease ran out (the first answer came %v after the kill, "+
+			"the leases left then %v to %v): a loaded machine; the test did not exercise the lease, no verdict on it",
+			ms(firstAnswer), ms(slices.Min(left)), ms(slices.Max(left)))
 	}
 	if inFlight, done := checkTTLs(t, ctx, rdb, "idem:", lease, ttl); inFlight != 0 || done != keys {
 		t.Errorf("%d keys in flight and %d done, want 0 and %d", inFlight, done, keys)
@@ -184,6 +222,9 @@ func testCrashedProcessLeaseExpires(t *testing.T, client string) {
 	figure(t, "lease %v, %d keys held by the killed process, %d retriers per key: %d answered 409 with Retry-After; "+
 		"leases left at the kill %v to %v; each key ran again exactly once, %v to %v after the kill",
 		lease, keys, retriers, n409, ms(slices.Min(left)), ms(slices.Max(left)), ms(slices.Min(reran)), ms(slices.Max(reran)))
+	if noVerdict != "" {
+		t.Skip(noVerdict)
+	}
 }
 
 func keyNames(prefix string, n int) []string {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -269,6 +270,17 @@ func testRestartFailsClosed(t *testing.T, db crasher, env orderDB, cfg faultConf
 	// is a 503, never an order.
 	oc := down.check(t, replies, cfg.name+" was down")
 
+	// The checks below hold for an outage shorter than the lease's last
+	// two thirds; it lasts until the clients got enough answers, and the
+	// database restarted, which a loaded machine may stretch. Past
+	// outageMargin (from the crash until the database answered again,
+	// and the processes reached it again: see outage.lasted) a lease may
+	// rightly have run out: the test then has no verdict on them when
+	// they fail.
+	outageFor := down.back.Sub(crashed) + max(oc.firstOK, oc.last503, 0)
+	tooLong := outageFor >= outageMargin(lease)
+	noVerdict := ""
+
 	// One order per key; every duplicate's final answer is the response
 	// of that order's execution: its own answer, or a replay of it byte
 	// for byte.
@@ -312,14 +324,22 @@ func testRestartFailsClosed(t *testing.T, db crasher, env orderDB, cfg faultConf
 		}
 		answer[key] = ref
 	}
-	once.report("orders")
+	if once.n > 0 && tooLong {
+		noVerdict = fmt.Sprintf("%d violations of one order per key (the first: %s)", once.n, once.msgs[0])
+	} else {
+		once.report("orders")
+	}
 
 	// The records survived the restart: every key, asked once more,
 	// replays its answer and commits nothing.
 	checkAskedAgain(t, ctx, c, srvs, l.keys, answer, execs, func() map[string][]execution { return env.executions(t, ctx, l.keys) })
 	states := env.states(t, ctx)
 	if states["processing"] != 0 || states["done"]+states["committed"] != len(l.keys) || states["committed"] > len(ambiguous) {
-		t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
+		if tooLong {
+			noVerdict += fmt.Sprintf("; entries by state %v for %d keys (%d commits not acknowledged)", states, len(l.keys), len(ambiguous))
+		} else {
+			t.Errorf("entries by state %v for %d keys (%d commits not acknowledged), want every key done", states, len(l.keys), len(ambiguous))
+		}
 	}
 
 	figure(t, "lease %v, 3 processes on %s, %d keys x %d duplicates, %d in flight, in %v: %d requests, %d answered 409, %d answered 503; "+
@@ -329,4 +349,8 @@ func testRestartFailsClosed(t *testing.T, db crasher, env orderDB, cfg faultConf
 		lease, cfg.name, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
 		cfg.name, cfg.crash, ms(down.back.Sub(down.end)), ms(down.end.Sub(down.start)), oc.n, oc.refused, ms(oc.firstOK), ms(oc.last503), executed,
 		len(l.keys), len(ambiguous), len(l.keys))
+	if noVerdict != "" {
+		t.Skipf("%s; but %s was away for up to %v, more than %v of a %v lease (a loaded machine): a lease may have run out, no verdict",
+			strings.TrimPrefix(noVerdict, "; "), cfg.name, ms(outageFor), outageMargin(lease), lease)
+	}
 }

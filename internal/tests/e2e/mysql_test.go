@@ -178,7 +178,7 @@ func TestMySQLExactlyOnceAcrossProcesses(t *testing.T) {
 	if int(l.started.Load()) != keys {
 		t.Fatalf("%d keys sent, want %d", l.started.Load(), keys)
 	}
-	checkAnswers(t, replies, lease)
+	checkAnswers(t, srvs, replies, lease)
 	once, executed := checkOnce(t, l, execs)
 	once.report("exactly once")
 	if st := env.states(t, ctx); st["done"] != keys || len(st) != 1 {
@@ -218,10 +218,20 @@ func TestMySQLKilledAfterCommit(t *testing.T) {
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	// Each handler fences within its lease, which the victim renews on a
+	// real clock: the test measures how long the machine kept it (and
+	// the victim's answer to /gate/held) away meanwhile, to tell a fence
+	// refused for a renewal that came late from a broken one.
+	last, stall := time.Now(), time.Duration(0)
 	for n := 0; n != keys; n = victim.held(t) {
+		stall, last = max(stall, time.Since(last)-5*time.Millisecond), time.Now()
 		select {
 		case r := <-held:
-			t.Fatalf("a request to the process at the gate was answered: %v\n%s", r, victim.output())
+			if r.err == nil && r.status == http.StatusConflict && stall >= lease/3 {
+				t.Skipf("a request to the process at the gate was answered %v, its fence refused; but the machine stalled "+
+					"the test for %v meanwhile, long enough for the renewals of a %v lease to come late: no verdict", r, ms(stall), lease)
+			}
+			t.Fatalf("a request to the process at the gate was answered (the test stalled at most %v): %v\n%s", ms(stall), r, victim.output())
 		case <-waitCtx.Done():
 			t.Fatalf("%d handlers at the gate, want %d: %v\n%s", n, keys, waitCtx.Err(), victim.output())
 		case <-time.After(5 * time.Millisecond):
@@ -235,11 +245,14 @@ func TestMySQLKilledAfterCommit(t *testing.T) {
 	// The leases ran from the last renewal: the first runs out this long
 	// after the kill, by the database's clock.
 	var minLeftUS int64
+	asked := time.Now() // the database reads its clock after this
 	if err := env.db.QueryRowContext(ctx, "SELECT COALESCE(MIN(COALESCE(held_until, expires)) - "+myNow+", 0) FROM `"+
 		sqlstore.DefaultTable+"` WHERE state <> 'done'").Scan(&minLeftUS); err != nil {
 		t.Fatal(err)
 	}
-	leaseLeft := time.Duration(minLeftUS)*time.Microsecond + time.Since(killed)
+	// At least this long after the kill: the database's clock read after
+	// asked, and the lease ran minLeftUS longer.
+	leaseLeft := time.Duration(minLeftUS)*time.Microsecond + asked.Sub(killed)
 	for range keys {
 		if r := <-held; r.err == nil {
 			t.Errorf("held request answered before the kill: %v", r)
@@ -258,20 +271,32 @@ func TestMySQLKilledAfterCommit(t *testing.T) {
 	// A round of retries on both other processes before the leases run
 	// out, and two after.
 	bad := failures{t: t}
-	var nInFlight, n409, nRebuilt int
+	var nInFlight, n409, nRebuilt, inLease int
 	for _, key := range names {
 		for srv := 1; srv <= 2; srv++ {
 			r := c.post(ctx, srvs, srv, key, fmt.Sprintf("%s/early/%d", key, srv), false)
+			within := r.recv.Sub(killed) < leaseLeft-50*time.Millisecond
+			if within {
+				inLease++
+			}
 			if r.err == nil && r.status == http.StatusConflict && !r.notReplayable() && checkRetryAfter(r, lease) == nil {
 				nInFlight++
-			} else if r.recv.Sub(killed) < leaseLeft-50*time.Millisecond {
+			} else if within {
 				bad.add("%s: retry within the lease: %v, want 409 in flight with Retry-After", key, r)
 			}
 		}
 	}
 	early := time.Since(killed)
-	if nInFlight == 0 {
-		t.Errorf("no retry within the lease (the round took %v): the test did not see the entries in flight", ms(early))
+	noVerdict := ""
+	switch {
+	case nInFlight > 0:
+	case inLease > 0:
+		t.Errorf("no retry got the 409 in flight, though %d were answered within the lease (the round took %v)", inLease, ms(early))
+	default:
+		// Every retry came after the first lease ran out: the machine
+		// was too slow for the test to see the entries in flight.
+		noVerdict = fmt.Sprintf("no retry was answered within the lease, which ran out %v after the kill: a loaded machine; "+
+			"no verdict on the entries in flight", ms(leaseLeft))
 	}
 	waitFor(t, ctx, "the killed process's leases to run out by the database's clock", func() bool {
 		var n int
@@ -317,6 +342,9 @@ func TestMySQLKilledAfterCommit(t *testing.T) {
 		"leases left at the kill at least %v; retries within %v of the kill: %d answered 409 in flight with Retry-After; from %v after the kill, "+
 		"when the leases had run out, 2 rounds: %d answered 409 ErrNotReplayable, %d rebuilt from the order (201 replayed); %d orders for %d keys",
 		lease, keys, ms(leaseLeft), ms(early), nInFlight, ms(late), n409, nRebuilt, countRows(after), keys)
+	if noVerdict != "" {
+		t.Skip(noVerdict)
+	}
 }
 
 // TestMySQLProcCrashKeepsCommits: on mysqltest's private server (a Proc),

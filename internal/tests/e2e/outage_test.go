@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +75,14 @@ func (o outage) check(t testing.TB, replies []*reply, what string) outcome {
 		t.Errorf("no request succeeded after %s", what)
 	}
 	return oc
+}
+
+// lasted returns how long the outage lasted for the processes, at most:
+// from its start until the store answered again, and then until the
+// processes reached it again (the first success after it, or the last
+// 503, whichever came later).
+func (o outage) lasted(oc outcome) time.Duration {
+	return o.back.Sub(o.start) + max(oc.firstOK, oc.last503, 0)
 }
 
 // TestRedisOutageFailsClosed: under load on three processes, the store's
@@ -146,12 +155,9 @@ func testRedisOutageFailsClosed(t *testing.T, client string) {
 
 	replies := l.snapshot()
 	execs := executions(t, ctx, counts, l.keys)
-	// A Complete that failed during an outage and was not stored by a
-	// later retry: there must be none.
+	// Completions that failed during an outage and were not stored by a
+	// later retry (checked below).
 	lost := counts.SMembers(ctx, "lost").Val()
-	if len(lost) != 0 {
-		t.Errorf("%d completions were never stored: owners %v", len(lost), lost)
-	}
 	rids := map[string]bool{} // of requests that ran the handler
 	for _, ex := range execs {
 		for _, e := range ex {
@@ -183,12 +189,31 @@ func testRedisOutageFailsClosed(t *testing.T, client string) {
 	// Fail closed: what was sent and answered while Redis could not
 	// answer is a 503, never an execution.
 	stall.next = down.start
+	var longest time.Duration // the longest outage, as the processes saw it at most
 	for _, o := range []*outage{&stall, &down} {
 		oc := o.check(t, replies, "Redis was "+o.name)
+		longest = max(longest, o.lasted(oc))
 		figure(t, "Redis %s for %v: %d requests sent and answered meanwhile, %d of them 503 with Retry-After; "+
 			"%d 503s to requests sent meanwhile, waited p50 %v, max %v; after it was back: first success %v, last 503 %v",
 			o.name, ms(o.end.Sub(o.start)), oc.n, oc.refused, len(oc.wait), ms(quantile(oc.wait, 0.5)), ms(quantile(oc.wait, 1)),
 			ms(oc.firstOK), ms(oc.last503))
+	}
+
+	// No record lost and no key run twice hold for outages shorter than
+	// the lease's last two thirds; each outage lasts until the clients
+	// got enough answers, and Redis restarted, which a loaded machine may
+	// stretch. Past outageMargin a lease may rightly have run out: the
+	// test then has no verdict on them when they fail.
+	tooLong := longest >= outageMargin(lease)
+	noVerdict := ""
+	// A Complete that failed during an outage and was not stored by a
+	// later retry: there must be none.
+	if len(lost) != 0 {
+		if tooLong {
+			noVerdict = fmt.Sprintf("%d completions were never stored", len(lost))
+		} else {
+			t.Errorf("%d completions were never stored: owners %v", len(lost), lost)
+		}
 	}
 
 	// Every key ran once; twice only after a completion that could not be
@@ -234,7 +259,11 @@ func testRedisOutageFailsClosed(t *testing.T, client string) {
 			}
 		}
 	}
-	once.report("executions")
+	if once.n > 0 && tooLong {
+		noVerdict += fmt.Sprintf("; %d violations of exactly once (the first: %s)", once.n, once.msgs[0])
+	} else {
+		once.report("executions")
+	}
 
 	// Records survive the restart: every key, asked once more, replays
 	// its last execution and runs nothing.
@@ -245,6 +274,10 @@ func testRedisOutageFailsClosed(t *testing.T, client string) {
 		"%d answered 503; %d executions; %d completions never stored; %d keys asked again after the restart: all replayed",
 		lease, len(l.keys), l.cfg.dups, l.cfg.workers, ms(elapsed), len(replies), l.n409.Load(), l.n503.Load(),
 		executed, len(lost), len(l.keys))
+	if noVerdict != "" {
+		t.Skipf("%s; but Redis was away for up to %v, more than %v of a %v lease (a loaded machine): a lease may have run out, no verdict",
+			strings.TrimPrefix(noVerdict, "; "), ms(longest), outageMargin(lease), lease)
+	}
 }
 
 // TestRedisRestartWithoutPersistenceForgets shows why the outage test

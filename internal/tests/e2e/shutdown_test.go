@@ -61,6 +61,18 @@ const (
 // A refused (503) or never got run once, on B.
 func TestShutdownStoresRecords(t *testing.T) {
 	d := runDeploy(t, false)
+	failed := d.exitErr != nil || !strings.Contains(d.out, "shutdown: records stored") || d.bad.n > 0 ||
+		d.lostAfter != 0 || d.storedLate < d.lostAtTerm
+	// Every record is stored if the store is back before the leases of
+	// the records refused run out: the outage, a second after SIGTERM,
+	// once enough records were refused, and the restart, stays well
+	// within two thirds of the lease, unless a loaded machine stretches
+	// it past outageMargin. The test then has no verdict.
+	if outage := d.back.Sub(d.down); failed && outage >= outageMargin(shutdownLease) {
+		t.Skipf("records lost or keys run twice (%d violations; %d records never stored; A exited with %v); "+
+			"but Redis was away for %v, more than %v of a %v lease (a loaded machine): a lease may have run out, no verdict; A's shutdown:\n%s",
+			d.bad.n, d.lostAfter, d.exitErr, ms(outage), outageMargin(shutdownLease), shutdownLease, d.shutdownLines())
+	}
 	if d.exitErr != nil || !strings.Contains(d.out, "shutdown: records stored") {
 		t.Errorf("A exited with %v, want status 0 after \"shutdown: records stored\"; its shutdown:\n%s", d.exitErr, d.shutdownLines())
 	}
