@@ -109,13 +109,16 @@ func (e *execution) keep(rec *httprec.Record, whole bool, status int, sent bool,
 	}
 	if err == nil {
 		e.fin.start(f.caller, f.m.cfg.lease)
-		recStatus := rec.Status
-		err = f.keepRecord(&e.fin, b, recStatus)
+		err = f.keepRecord(&e.fin, b, rec.Status)
 		e.fin.stop()
 		retrying := retryable(err)
 		if retrying {
+			// The closure captures only what is declared here: a variable
+			// of the enclosing block would move to the heap for every
+			// execution, not only for those that retry.
 			kept := bytes.Clone(b) // b's pooled buffer goes back below
 			fc := *f               // a copy, for the reason given in end
+			recStatus := rec.Status
 			f.later(outcome, status, cause, err, len(kept), func(ctx context.Context) error { return fc.keepRecord(ctx, kept, recStatus) })
 		}
 		*buf = b
@@ -169,11 +172,17 @@ func (f *finish) keepRecord(ctx context.Context, b []byte, status int) error {
 }
 
 // refusedError is the result of [finish.keepRecord] when the store refused
-// the record for its size and took the not-replayable record instead.
+// the record for its size and took the not-replayable record instead: it
+// reads as the store's refusal, and is errRefused.
 type refusedError struct{ err error }
 
-func (e *refusedError) Error() string { return e.err.Error() }
-func (e *refusedError) Unwrap() error { return e.err }
+func (e *refusedError) Error() string        { return e.err.Error() }
+func (e *refusedError) Unwrap() error        { return e.err }
+func (e *refusedError) Is(target error) bool { return target == errRefused }
+
+// errRefused matches a *refusedError with errors.Is, which, unlike
+// errors.As, moves nothing to the heap on the path every execution takes.
+var errRefused = errors.New("idem: record refused for its size, kept as not replayable")
 
 // emit tells the observer how the execution ended.
 func (f *finish) emit(ctx context.Context, o Outcome, status int, err error) {
@@ -351,11 +360,13 @@ func retryable(err error) bool {
 // outcome (and cause, such as the handler's panic) whose last store call
 // returned err.
 func settled(outcome Outcome, cause, err error) (Outcome, error) {
-	var refused *refusedError
 	switch {
-	case errors.As(err, &refused):
+	case errors.Is(err, errRefused):
 		// Kept as done, not replayable: the event says why.
-		return NotReplayable, errors.Join(cause, refused.err)
+		if cause != nil {
+			err = errors.Join(cause, err)
+		}
+		return NotReplayable, err
 	case errors.Is(err, storage.ErrNotOwner):
 		outcome, err = LeaseLost, fmt.Errorf("%w: %w", ErrLeaseLost, err)
 	case err != nil:
