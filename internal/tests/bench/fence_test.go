@@ -192,7 +192,17 @@ func testFence(t *testing.T, a adapter, sk storeKind, budget float64) {
 	// that come and go (the driver, the runtime), which the truncating
 	// testing.AllocsPerRun would turn into one more or less in their
 	// difference: the means are compared, rounded.
-	over := math.Round(mallocsPerRequest(t, fenced, "first", 100) - mallocsPerRequest(t, plain, "first", 100))
+	// On a loaded machine the driver's and runtime's own goroutines
+	// allocate now and then during a measure (the cold README run saw 19
+	// for 18 on MySQL): noise only adds, so each side is the least of three.
+	least := func(s *setup) float64 {
+		m := math.Inf(1)
+		for range 3 {
+			m = min(m, mallocsPerRequest(t, s, "first", 100))
+		}
+		return m
+	}
+	over := math.Round(least(fenced) - least(plain))
 	t.Logf("the fence: %v allocations (budget %v)", over, budget)
 	check(t, "allocs/"+sk.name+"/fence", over, budget, "%s: the fence costs %v allocations, budget %v", a.name, over, budget)
 }
