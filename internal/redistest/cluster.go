@@ -98,11 +98,11 @@ func stopCluster() {
 // startCluster starts the nodes, joins them and waits until the cluster is
 // ok. On error it leaves nothing running. The caller holds cluster.mu.
 func startCluster() (err error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := serverBin()
 	if err != nil {
 		return err
 	}
-	cli, err := exec.LookPath("redis-cli")
+	cli, err := cliBin()
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,8 @@
 // counts the round trips a go-redis client makes.
 //
 // [Addr] returns IDEM_REDIS_ADDR when it is set. Otherwise it starts one
-// redis-server from PATH per test binary, lazily, on a free loopback port,
+// redis-server from PATH (or the binary IDEM_REDIS_SERVER names, such as
+// a valkey-server: every server this package starts is then one) per test binary, lazily, on a free loopback port,
 // without persistence, and shares it between the tests of the binary (so
 // tests must use keys or prefixes of their own). Without a redis-server the
 // test is skipped, unless IDEM_REQUIRE_REDIS=1 (as in CI), where it fails.
@@ -116,6 +117,7 @@ func (w wrapped) Run() int {
 
 func stopShared() {
 	stopCluster()
+	stopValkey()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.srv != nil {
@@ -141,7 +143,7 @@ func (s *server) stop() {
 // choosing it and the server binding it makes the server exit, so it tries
 // a few ports.
 func start(args ...string) (*server, error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := serverBin()
 	if err != nil {
 		return nil, err
 	}

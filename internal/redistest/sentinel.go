@@ -22,7 +22,7 @@ import (
 // redis-server.
 func Sentinel(t testing.TB, name, masterAddr string) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	bin, err := serverBin()
 	if err != nil {
 		check(t, fmt.Errorf("no redis-server on PATH"))
 	}

@@ -15,7 +15,21 @@
 // answers the one there (a replay costs Redis about what a GET does);
 // only another owner's entry costs a second command (PTTL, for the lease
 // left), and an issued entry or the owner's own (a resent Acquire) the
-// Acquire script. The other operations are Lua scripts on KEYS[1] only,
+// Acquire script. On Valkey 8.1 and newer (and Redis 8.4 and newer),
+// Complete and the renewal of a lease (Extend) are one plain command too:
+// SET key value IFEQ current PX ms, a native compare-and-set that
+// replaces the owner's in-flight entry only where it is still there as
+// the store's own Acquire wrote it (the store remembers those it wrote,
+// at most 65,536 at a time, each until its lease ends). The first such
+// command is the probe: a server that does not know IFEQ refuses it as
+// a syntax error, writing nothing, and the store then sends the scripts
+// alone, and tries again a minute later (a server upgraded in place is
+// found without a restart). The entries are the same either way, so
+// instances of this release and of older ones share a server during a
+// rolling upgrade. The other operations (and Complete and Extend where
+// the native command cannot decide: a resend, a lease that ran out, an
+// entry taken from an issue: a second command then) are Lua scripts on
+// KEYS[1] only,
 // run the way redis.Script.Run does (EVALSHA, then EVAL when the server
 // does not have the script cached; the EVALSHA command is built here,
 // with fewer allocations than Script.Run needs). Every key carries a
@@ -123,6 +137,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/storage"
@@ -143,6 +158,8 @@ type Store struct {
 	now    func() time.Time // the clock that stamps entries
 	// maxRecord is the longest record Complete sends (WithMaxRecordBytes).
 	maxRecord int
+	// native is the native path (SET IFEQ) and the entries it holds.
+	native redisproto.Native
 }
 
 var (
@@ -411,6 +428,9 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	if err != nil {
 		return storage.Result{}, fmt.Errorf("redisstore: %s %q: %w", op, c.key, err)
 	}
+	if !found {
+		s.native.Hold(key, owner, c.val, lease) // c is the call's own, never reused
+	}
 	switch next {
 	case redisproto.AskLeaseLeft:
 		pttl := redis.NewIntCmd(ctx, "pttl", c.key)
@@ -507,9 +527,28 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 		return err
 	}
 	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: redisproto.Millis(ttl)}}
-	c.stamped(s.now())
+	now := s.now()
+	// A record longer than maxPooled goes to the script, which sends it
+	// as it is: the native path would copy it into the done entry, and
+	// the script's fixed cost is small beside moving such a record.
+	if held := s.native.Held(key, owner); held != nil && len(rec) <= maxPooled-len(held)-16 {
+		c.val = held
+		buf := doneBufs.Get().(*[]byte)
+		c.rec = redisproto.AppendDone((*buf)[:0], now, held, owner, rec)
+		done, err := s.setIfEq(ctx, "complete", c)
+		*buf = c.rec // go-redis wrote it before Process returned
+		doneBufs.Put(buf)
+		if done || err != nil {
+			if done {
+				s.native.Drop(key, owner)
+			}
+			return err
+		}
+		c.rec = rec
+	}
+	c.stamped(now)
 	c.olen = redisproto.AppendUvarint(c.stamp[len(c.stamp):], uint64(len(owner)))
-	return s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n, &c.stamp, &c.olen)
+	return s.dropped(key, owner, s.owned(ctx, "complete", complete, c, owner, &c.rec, &c.n, &c.stamp, &c.olen))
 }
 
 // Release implements [storage.Store.Release]: an entry taken from an issue
@@ -520,7 +559,7 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 // or holds a value under the key that is not an entry.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
 	c := &call{key: s.prefix + key}
-	return s.owned(ctx, "release", release, c, owner, c.stamped(s.now()))
+	return s.dropped(key, owner, s.owned(ctx, "release", release, c, owner, c.stamped(s.now())))
 }
 
 // Extend implements [storage.Store.Extend]. It is never refused for the
@@ -533,7 +572,61 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 		return fmt.Errorf("redisstore: extend: %w: lease %v", storage.ErrInvalid, lease)
 	}
 	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(lease)}}
-	return s.owned(ctx, "extend", extend, c, owner, &c.n)
+	if held := s.native.Held(key, owner); held != nil {
+		c.val, c.rec = held, held
+		if done, err := s.setIfEq(ctx, "extend", c); done || err != nil {
+			if done {
+				s.native.Renewed(key, owner, lease)
+			}
+			return err
+		}
+	}
+	return s.dropped(key, owner, s.owned(ctx, "extend", extend, c, owner, &c.n))
+}
+
+// doneBufs are the buffers of the done entries that Complete's native
+// path writes (a *[]byte each), so that a first execution allocates no
+// more on the native path than on the script's, which sends the record
+// as it is. None is longer than maxPooled.
+var doneBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooled bounds the done entries that Complete's native path writes.
+const maxPooled = 64 << 10
+
+// setIfEq sends the native path's command (see the redisproto package
+// doc): SET key c.rec IFEQ c.val PX c.n. It reports whether the server
+// wrote the value; done false with a nil error (the entry is not c.val,
+// or the server refused the command, having written nothing) leaves the
+// answer to the script. The error is one that stood in for the server's
+// answer (a network error, a timeout): whether the command ran is then
+// unknown, and the caller's retry finds out.
+func (s *Store) setIfEq(ctx context.Context, op string, c *call) (done bool, err error) {
+	c.args[0], c.args[1], c.args[2], c.args[3], c.args[4], c.args[5], c.args[6] = "set", c.key, &c.rec, "ifeq", &c.val, "px", &c.n
+	cmd := redis.NewStatusCmd(ctx, c.args[:7]...)
+	cmd.SetFirstKeyPos(1)
+	err = s.rdb.Process(ctx, cmd)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, redis.Nil):
+	case isRedisError(err):
+		s.native.Refused(err.Error())
+	default:
+		return false, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	return false, nil
+}
+
+// dropped forgets the entry held for key and owner once err, the answer
+// of an owner-checked script, says it is no longer held as written (nil,
+// ErrNotOwner), and returns err. After Extend's script, a nil answer
+// means that the native command found another value: what was held is
+// stale.
+func (s *Store) dropped(key, owner string, err error) error {
+	if err == nil || errors.Is(err, storage.ErrNotOwner) {
+		s.native.Drop(key, owner)
+	}
+	return err
 }
 
 // owned runs an owner-checked script and maps its answer. It does not

@@ -40,6 +40,11 @@ var backends = []backend{
 	{"redis", func(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
 		return client(t, redistest.Addr(t)), nil
 	}},
+	// Valkey 8.1 and newer: the native path (SET IFEQ). Skipped without a
+	// valkey-server, unless IDEM_REQUIRE_VALKEY=1 (as in CI).
+	{"valkey", func(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
+		return client(t, redistest.ValkeyAddr(t)), nil
+	}},
 }
 
 // client returns a client that fails at once, without retries, so that
@@ -92,6 +97,15 @@ func TestContractRedis(t *testing.T) {
 	})
 }
 
+// TestContractValkey runs the suite on Valkey, where Complete and Extend
+// take the native path (SET IFEQ).
+func TestContractValkey(t *testing.T) {
+	s := redisstore.New(client(t, redistest.ValkeyAddr(t)), redisstore.WithPrefix(prefix("contract")), redisstore.WithMaxRecordBytes(storeMax))
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		return storagetest.Harness{Store: s, MaxRecord: storeMax}
+	})
+}
+
 // TestContractRedisCluster runs the suite through a redis.ClusterClient on
 // a real cluster of three masters: each script routes by KEYS[1], and the
 // suite's random keys land on every master.
@@ -131,6 +145,9 @@ func protocolHarness(rdb *redis.Client, mr *miniredis.Miniredis) redisprototest.
 			}
 			return redisproto.FromAny(v), err
 		},
+	}
+	h.NewScripts = func(prefix string) redisprototest.Store {
+		return redisstore.ScriptsOnly(h.New(prefix).(*redisstore.Store))
 	}
 	if mr != nil {
 		h.SetTime = func(t time.Time) {
@@ -192,24 +209,23 @@ func TestOneRoundTripEach(t *testing.T) {
 		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		// Index of the first use of each script in Outcomes.
-		first := map[int]bool{1: true, 3: true, 5: true, 6: true, 13: true, 15: true}
+		native := redisprototest.Native(ctx, protocolHarness(rdb, nil).Do)
 		base := func(i int) int64 {
-			n := max(redisprototest.Commands[redisprototest.Outcomes[i].Name], 1)
+			n, _ := redisprototest.Sends(i, native)
 			if i == 0 {
 				n++ // INFO, the policy's and version's check
 			}
 			return n
 		}
 		run("scripts not cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("flush"))), func(i int) int64 {
-			if first[i] {
+			if _, first := redisprototest.Sends(i, native); first {
 				return base(i) + 1
 			}
 			return base(i)
 		})
 		run("scripts cached", redisstore.New(rdb, redisstore.WithPrefix(prefix("rt"))), base)
 		run("scripts cached, policy known", redisstore.New(rdb, redisstore.WithPrefix(prefix("rt2")), redisstore.WithEvictionAllowed()),
-			func(i int) int64 { return max(redisprototest.Commands[redisprototest.Outcomes[i].Name], 1) })
+			func(i int) int64 { n, _ := redisprototest.Sends(i, native); return n })
 	})
 }
 
@@ -323,6 +339,7 @@ func (h *argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestCommandsPrintTheirArguments(t *testing.T) {
 	each(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := t.Context()
+		native := redisprototest.Native(ctx, protocolHarness(rdb, nil).Do)
 		h := new(argsHook)
 		rdb.AddHook(h)
 		p := prefix("args")
@@ -337,11 +354,17 @@ func TestCommandsPrintTheirArguments(t *testing.T) {
 		defer h.mu.Unlock()
 		// On miniredis the scripts are not cached yet: EVALSHA fails with
 		// NOSCRIPT and EVAL follows, and both must print the arguments.
-		for _, want := range []struct{ cmd, args string }{
+		// Complete is the native path's first command, refused where the
+		// server has no SET IFEQ, and the script follows.
+		wants := []struct{ cmd, args string }{
 			{"set ", "set " + p + "k T"},
 			{"set ", "P\x04fp-1owner-1 nx px 30000 get"},
-			{"evalsha ", " 1 " + p + "k owner-1 the-record 3600000 "},
-		} {
+			{"set ", "C\x04fp-1\aowner-1the-record ifeq T"},
+		}
+		if !native {
+			wants = append(wants, struct{ cmd, args string }{"evalsha ", " 1 " + p + "k owner-1 the-record 3600000 "})
+		}
+		for _, want := range wants {
 			found := false
 			for _, c := range h.cmds {
 				found = found || (strings.HasPrefix(c, want.cmd) && strings.Contains(c, want.args))

@@ -28,3 +28,7 @@ func WaitCheck(s *Store) bool {
 	<-done
 	return true
 }
+
+// ScriptsOnly keeps s off the native path (SET IFEQ): an instance of a
+// release before it. Call it before s is first used.
+func ScriptsOnly(s *Store) *Store { s.native.Off = true; return s }

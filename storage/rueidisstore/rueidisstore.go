@@ -31,7 +31,21 @@
 // answers the one there (a replay costs Redis about what a GET does);
 // only another owner's entry costs a second command (PTTL, for the lease
 // left), and an issued entry or the owner's own (a resent Acquire) the
-// Acquire script. The other operations are Lua scripts on KEYS[1] only,
+// Acquire script. On Valkey 8.1 and newer (and Redis 8.4 and newer),
+// Complete and the renewal of a lease (Extend) are one plain command too:
+// SET key value IFEQ current PX ms, a native compare-and-set that
+// replaces the owner's in-flight entry only where it is still there as
+// the store's own Acquire wrote it (the store remembers those it wrote,
+// at most 65,536 at a time, each until its lease ends). The first such
+// command is the probe: a server that does not know IFEQ refuses it as
+// a syntax error, writing nothing, and the store then sends the scripts
+// alone, and tries again a minute later (a server upgraded in place is
+// found without a restart). The entries are the same either way, so
+// instances of this release and of older ones share a server during a
+// rolling upgrade. The other operations (and Complete and Extend where
+// the native command cannot decide: a resend, a lease that ran out, an
+// entry taken from an issue: a second command then) are Lua scripts on
+// KEYS[1] only,
 // run through rueidis's own Lua support (EVALSHA, then EVAL when the
 // server does not have the script cached). Every key carries a TTL, sent
 // in milliseconds and rounded up (never 0, which PEXPIRE takes as "delete
@@ -70,7 +84,9 @@
 package rueidisstore
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -98,6 +114,8 @@ type Store struct {
 	now    func() time.Time // the clock that stamps entries
 	// maxRecord is the longest record Complete sends (WithMaxRecordBytes).
 	maxRecord int
+	// native is the native path (SET IFEQ) and the entries it holds.
+	native redisproto.Native
 }
 
 var (
@@ -458,6 +476,9 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	if err != nil {
 		return storage.Result{}, fmt.Errorf("rueidisstore: %s %q: %w", op, c.key(), err)
 	}
+	if !found {
+		s.native.Hold(key, owner, bytes.Clone(c.buf[i:]), lease) // c.buf goes back to the pool
+	}
 	switch next {
 	case redisproto.AskLeaseLeft:
 		pttl, err := s.c.Do(ctx, s.c.B().Pttl().Key(c.key()).Build()).AsInt64()
@@ -559,14 +580,26 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	if err := redisproto.RecordTooLarge("rueidisstore", len(rec), s.maxRecord); err != nil {
 		return err
 	}
-	c := newCall(s.prefix, key, len(rec)+room+6+5)
+	now := s.now()
+	held := s.native.Held(key, owner)
+	c := newCall(s.prefix, key, len(rec)+room+6+5+len(held)+len(owner)+8)
 	defer c.free()
+	if held != nil {
+		i := len(c.buf)
+		c.buf = redisproto.AppendDone(c.buf, now, held, owner, rec)
+		if done, err := s.setIfEq(ctx, "complete", c, rueidis.BinaryString(c.buf[i:]), held, ttl); done || err != nil {
+			if done {
+				s.native.Drop(key, owner)
+			}
+			return err
+		}
+	}
 	c.arg(owner)
 	c.bytes(rec)
 	c.millis(ttl)
-	c.stamp(s.now())
+	c.stamp(now)
 	c.uvarint(uint64(len(owner)))
-	return s.owned(ctx, "complete", complete, c)
+	return s.dropped(key, owner, s.owned(ctx, "complete", complete, c))
 }
 
 // Release implements [storage.Store.Release]: an entry taken from an issue
@@ -580,7 +613,7 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 	defer c.free()
 	c.arg(owner)
 	c.stamp(s.now())
-	return s.owned(ctx, "release", release, c)
+	return s.dropped(key, owner, s.owned(ctx, "release", release, c))
 }
 
 // Extend implements [storage.Store.Extend]. It is never refused for the
@@ -594,9 +627,54 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 	}
 	c := newCall(s.prefix, key, room)
 	defer c.free()
+	if held := s.native.Held(key, owner); held != nil {
+		v := rueidis.BinaryString(held)
+		if done, err := s.setIfEq(ctx, "extend", c, v, held, lease); done || err != nil {
+			if done {
+				s.native.Renewed(key, owner, lease)
+			}
+			return err
+		}
+	}
 	c.arg(owner)
 	c.millis(lease)
-	return s.owned(ctx, "extend", extend, c)
+	return s.dropped(key, owner, s.owned(ctx, "extend", extend, c))
+}
+
+// setIfEq sends the native path's command (see the redisproto package
+// doc): SET key value IFEQ held PX d. It reports whether the server wrote
+// the value; done false with a nil error (the entry is not held, or the
+// server refused the command, having written nothing) leaves the answer
+// to the script. The error is one that stood in for the server's answer
+// (a network error, a timeout): whether the command ran is then unknown,
+// and the caller's retry finds out.
+func (s *Store) setIfEq(ctx context.Context, op string, c *call, value string, held []byte, d time.Duration) (done bool, err error) {
+	r := s.c.Do(ctx, s.c.B().Set().Key(c.key()).Value(value).Ifeq(rueidis.BinaryString(held)).PxMilliseconds(redisproto.Millis(d)).Build())
+	c.answered = r.NonRedisError() == nil
+	err = r.Error()
+	if err == nil {
+		return true, nil
+	}
+	if rueidis.IsRedisNil(err) {
+		return false, nil
+	}
+	if reply, ok := rueidis.IsRedisErr(err); ok {
+		s.native.Refused(reply.Error())
+		return false, nil
+	}
+	return false, fmt.Errorf("rueidisstore: %s: %w", op, err)
+}
+
+// dropped forgets the entry held for key and owner once err, the answer
+// of an owner-checked script, says it is no longer held as written (nil,
+// ErrNotOwner), and returns err. After Extend's script, a nil answer
+// means that the native command found another value: what was held is
+// stale.
+func (s *Store) dropped(key, owner string, err error) error {
+	if err == nil || errors.Is(err, storage.ErrNotOwner) {
+		s.native.Drop(key, owner)
+	}
+	return err
 }
 
 // owned runs an owner-checked script and maps its answer. It does not

@@ -42,6 +42,11 @@ var backends = []backend{
 	{"redis", func(t *testing.T) (rueidis.Client, *miniredis.Miniredis) {
 		return client(t, redistest.Addr(t)), nil
 	}},
+	// Valkey 8.1 and newer: the native path (SET IFEQ). Skipped without a
+	// valkey-server, unless IDEM_REQUIRE_VALKEY=1 (as in CI).
+	{"valkey", func(t *testing.T) (rueidis.Client, *miniredis.Miniredis) {
+		return client(t, redistest.ValkeyAddr(t)), nil
+	}},
 }
 
 // client returns a client of the test's own for addrs, with the options
@@ -115,6 +120,15 @@ func TestContractRedis(t *testing.T) {
 	})
 }
 
+// TestContractValkey runs the suite on Valkey, where Complete and Extend
+// take the native path (SET IFEQ).
+func TestContractValkey(t *testing.T) {
+	s := rueidisstore.New(client(t, redistest.ValkeyAddr(t)), rueidisstore.WithPrefix(prefix("contract")), rueidisstore.WithMaxRecordBytes(storeMax))
+	storagetest.Run(t, func(t *testing.T) storagetest.Harness {
+		return storagetest.Harness{Store: s, MaxRecord: storeMax}
+	})
+}
+
 // TestContractRedisCluster runs the suite through rueidis's cluster client
 // on a real cluster of three masters: each script routes by KEYS[1], and
 // the suite's random keys land on every master.
@@ -157,6 +171,9 @@ func protocolHarness(c rueidis.Client, mr *miniredis.Miniredis) redisprototest.H
 			return redisproto.FromAny(v), err
 		},
 	}
+	h.NewScripts = func(prefix string) redisprototest.Store {
+		return rueidisstore.ScriptsOnly(h.New(prefix).(*rueidisstore.Store))
+	}
 	if mr != nil {
 		h.SetTime = func(t time.Time) {
 			clock.Store(&t)
@@ -188,11 +205,29 @@ var everyOutcome = slices.Concat(redisprototest.Outcomes, redisprototest.Inspect
 	}},
 })
 
-// firstUse is the index in everyOutcome of the first use of each script:
-// acquire (by a resent Acquire, after its SET NX GET), extend, release,
-// complete, issue, acquire issued, inspect (lookup). List's pipeline and
-// remove find the inspect script cached.
-var firstUse = map[int]bool{1: true, 3: true, 5: true, 6: true, 13: true, 15: true, 26: true}
+// sends returns how many commands everyOutcome[i] sends once the scripts
+// are cached and the policy known, on a server with the native path
+// (native) or without (see redisprototest.Sends), and whether it is the
+// first use of a script: acquire (by a resent Acquire, after its SET NX
+// GET), extend (after the native path's probe, or natively), release,
+// complete, issue, acquire issued, inspect (lookup). List's pipeline
+// (a SCAN, then the look-ups of its two keys) and remove find the inspect
+// script cached.
+func sends(i int, native bool) (n int64, first bool) {
+	switch o := len(redisprototest.Outcomes); {
+	case i < o:
+		return redisprototest.Sends(i, native)
+	case everyOutcome[i].Name == "list":
+		return 3, false
+	default:
+		return 1, i == o
+	}
+}
+
+// native reports whether the server behind c takes SET IFEQ.
+func native(t testing.TB, c rueidis.Client) bool {
+	return redisprototest.Native(t.Context(), protocolHarness(c, nil).Do)
+}
 
 // storeCommands are the commands the store sends, but those that a
 // script calls too (SET, PTTL).
@@ -354,18 +389,16 @@ func TestOneRoundTripEach(t *testing.T) {
 		}
 	}
 	do(t, c, "SCRIPT", "FLUSH")
+	nat := native(t, c)
 	base := func(i int) int64 {
-		n := max(redisprototest.Commands[everyOutcome[i].Name], 1)
-		if everyOutcome[i].Name == "list" {
-			n = 3
-		}
+		n, _ := sends(i, nat)
 		if i == 0 {
 			n++ // INFO, the policy's and version's check
 		}
 		return n
 	}
 	run("scripts not cached", rueidisstore.New(counter, rueidisstore.WithPrefix(prefix("flush"))), func(i int) int64 {
-		if firstUse[i] {
+		if _, first := sends(i, nat); first {
 			return base(i) + 1
 		}
 		return base(i)
@@ -408,6 +441,11 @@ func TestScriptSHAs(t *testing.T) {
 	// or a PTTL, as redisprototest.Commands says), and List's look-ups of
 	// its two keys.
 	var sets, pttls, scripts int64
+	if native(t, c) { // extend and complete: native
+		sets, scripts = 2, -2
+	} else { // the probe, refused
+		sets = 1
+	}
 	for _, o := range everyOutcome {
 		switch {
 		case strings.HasPrefix(o.Name, "acquire") && !strings.HasPrefix(o.Name, "acquire issued"):

@@ -268,7 +268,14 @@ func infoField(info, prefix string) string {
 // error": it does not take NX with GET). A store whose check is off
 // (WithEvictionAllowed) learns the version that way: it answers
 // [VersionRefusal].
-func SetRefused(msg string) bool { return strings.HasPrefix(msg, "ERR syntax error") }
+func SetRefused(msg string) bool { return syntaxError(msg) }
+
+// syntaxError reports whether msg, an error reply's text, is Redis's
+// "ERR syntax error". The "ERR " may be missing: rueidis drops it from
+// every error reply (for KVRocks).
+func syntaxError(msg string) bool {
+	return strings.HasPrefix(strings.TrimPrefix(msg, "ERR "), "syntax error")
+}
 
 // VersionRefusal is the error of an Acquire whose SET NX GET the server
 // refused as a syntax error (see [SetRefused]); it wraps

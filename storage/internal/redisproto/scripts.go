@@ -56,8 +56,10 @@
 //     either, or whatever the entry then calls for, as it did alone
 //     before.
 //   - AcquireIssued and Issue stay scripts: neither may create an entry
-//     that the other does not expect. Complete, Release and Extend stay
-//     scripts, as comparing the owner and writing must be atomic, but
+//     that the other does not expect. Complete and Extend are one plain
+//     SET ... IFEQ on a server that has it (the native path, native.go);
+//     elsewhere, and where that command cannot decide, they and Release
+//     stay scripts, as comparing the owner and writing must be atomic, but
 //     lean: the owner's own 'P' entry (every Complete of a first
 //     execution) is read at fixed offsets, without defining the parsing
 //     functions (a function defined in a script costs a closure each run),

@@ -35,6 +35,12 @@ type Harness struct {
 	// prefix; for prefix "", a store with the default prefix ("idem:").
 	New func(prefix string) Store
 
+	// NewScripts returns a store like New's that never takes the native
+	// path (SET IFEQ, see the redisproto package doc): an instance of a
+	// release before it, for the tests of a rolling upgrade. Nil skips
+	// them.
+	NewScripts func(prefix string) Store
+
 	// Do sends the server one command, args as given (the command's name
 	// first), and returns its reply as redisproto reads a script's: an
 	// integer, a bulk or status string, an array. A nil reply is the zero
@@ -66,6 +72,9 @@ var tests = []test{
 	{"InspectBesideOtherValues", false, testInspectBesideOtherValues},
 	{"ScriptsAreSafeToRunTwice", false, testScriptsAreSafeToRunTwice},
 	{"CompleteChecksTheOwnerOfADoneEntry", false, testCompleteChecksTheOwnerOfADoneEntry},
+	{"NativeSharesEntries", false, testNativeSharesEntries},
+	{"NativeCommands", false, testNativeCommands},
+	{"RollingUpgradeDuplicates", false, testRollingUpgradeDuplicates},
 }
 
 // Run runs every test of the suite as a subtest of t, each on the

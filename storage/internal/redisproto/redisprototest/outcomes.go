@@ -2,11 +2,13 @@ package redisprototest
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"strconv"
 	"time"
 
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/internal/redisproto"
 )
 
 // Op is one store operation with the outcome it must have.
@@ -68,6 +70,46 @@ var Commands = map[string]int64{
 	"acquire in flight":    2, // SET, then PTTL
 	"acquire takes issued": 2, // SET, then the Acquire script takes it
 }
+
+// ProbeAt is the index in Outcomes of the first command of a new
+// store's native path (see the redisproto package doc): the Extend of its
+// own entry, held since its Acquire at index 0. On a server without SET
+// IFEQ it is refused (the probe) and the script follows, a command more;
+// on one with it, it is the whole operation, and the Extend script is
+// first used at ProbeAt+1. Index 7 (complete) is the native path's other
+// command there; the Complete script is first used at 6 either way.
+const ProbeAt = 3
+
+// Sends returns how many commands Outcomes[i] sends on a new store that
+// has run Outcomes[:i], once the scripts are cached and the
+// maxmemory-policy is known, on a server with the native path (native)
+// or without; first reports whether it is the first use of a script,
+// which costs a command more after SCRIPT FLUSH.
+func Sends(i int, native bool) (n int64, first bool) {
+	n = max(Commands[Outcomes[i].Name], 1)
+	if i == ProbeAt && !native {
+		n++
+	}
+	switch i {
+	case 1, 5, 6, 13, 15:
+		first = true
+	case ProbeAt:
+		first = !native
+	case ProbeAt + 1:
+		first = native
+	}
+	return n, first
+}
+
+// Native reports whether the server behind do takes SET IFEQ, the native
+// path: it sends SET with IFEQ for a key that cannot exist, which such a
+// server answers with nil and writes nothing, and another refuses as a
+// syntax error.
+func Native(ctx context.Context, do func(ctx context.Context, args ...string) (redisproto.Reply, error)) bool {
+	_, err := do(ctx, "SET", "idem-test:native-probe:"+rand.Text(), "v", "IFEQ", "w")
+	return err == nil
+}
+
 var outcomes = []Op{
 	acquireOp("acquire new", "k", "o", storage.Acquired),
 	acquireOp("acquire again", "k", "o", storage.Acquired),
