@@ -1,6 +1,7 @@
 package redisproto
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,8 +35,9 @@ import (
 //
 // The first native command is the probe: a server that does not know
 // IFEQ (Redis before 8.4, Valkey before 8.1) answers "ERR syntax error"
-// and writes nothing, the call goes on with the script, and the store
-// sends scripts alone for [CheckEvery]; then it tries again, so a server
+// (any error reply but WRONGTYPE counts) and writes nothing, the call
+// goes on with the script, and the store sends scripts alone for
+// [CheckEvery]; then it tries again, so a server
 // upgraded in place (or a cluster whose nodes differ during its own
 // upgrade) is found out without a restart. The probe is the command
 // itself, not a version string: managed services and forks report
@@ -98,11 +100,15 @@ func (n *Native) Use() bool {
 }
 
 // Refused records that the server answered a native command with msg,
-// an error reply, and reports whether it is the refusal of IFEQ ("ERR
-// syntax error": the server does not know it). Nothing was written
-// either way; the caller goes on with the script.
+// an error reply, and reports whether the store now leaves the native
+// path for [CheckEvery]: for every error reply but WRONGTYPE (a value of
+// another type under that one key). Redis before 8.4 answers "ERR syntax
+// error"; a fork or a proxy may word it otherwise, or refuse the command
+// outright, and a transient error (LOADING, OOM) costs no more than a
+// minute of scripts. Nothing was written either way; the caller goes on
+// with the script.
 func (n *Native) Refused(msg string) bool {
-	if !syntaxError(msg) {
+	if strings.HasPrefix(msg, "WRONGTYPE") {
 		return false
 	}
 	n.refusedAt.Store(n.now().UnixNano())
