@@ -11,7 +11,9 @@ type Outcome uint8
 
 // The outcomes an [Event] reports.
 const (
-	// Executed: the handler ran and its response was stored.
+	// Executed: the handler ran and its response was stored. Err wraps
+	// storage.ErrNotDurable when the store wrote it but could not confirm
+	// the durability it waits for (a Redis store's WithDurability).
 	Executed Outcome = iota + 1
 	// Replayed: a stored response was sent again.
 	Replayed
@@ -110,7 +112,9 @@ type Event struct {
 	// the first attempt did.
 	Retries int
 	// Err is nil for Executed, Replayed and Released after a normal
-	// return (for [Middleware.Do], Released carries fn's error).
+	// return (for [Middleware.Do], Released carries fn's error), but for
+	// an Executed whose record's durability the store could not confirm
+	// (storage.ErrNotDurable).
 	// Otherwise it wraps one of the package's Err values, the
 	// store's error for store failures, a *PanicError when the handler
 	// panicked, or the context's error for Canceled. Use errors.Is and

@@ -165,7 +165,9 @@ func (f *finish) keepRecord(ctx context.Context, b []byte, status int) error {
 	if encErr != nil { // b encoded with this status, so this one does
 		return errors.Join(err, encErr)
 	}
-	if err2 := f.complete(ctx, small); err2 != nil {
+	if err2 := f.complete(ctx, small); errors.Is(err2, storage.ErrNotDurable) {
+		return &refusedError{errors.Join(err, err2)}
+	} else if err2 != nil {
 		return err2
 	}
 	return &refusedError{err}
@@ -350,10 +352,11 @@ func (p *pending) give(size int) {
 
 // retryable reports whether a store error after the handler may go away
 // by itself: not a refusal of the lease nor of the arguments, nor a value
-// under the key that is not an entry.
+// under the key that is not an entry, nor a record written whose
+// durability is unconfirmed (storage.ErrNotDurable: nothing to retry).
 func retryable(err error) bool {
 	return err != nil && !errors.Is(err, storage.ErrNotOwner) && !errors.Is(err, storage.ErrInvalid) &&
-		!errors.Is(err, storage.ErrCorrupt) && !errors.Is(err, storage.ErrTooLarge)
+		!errors.Is(err, storage.ErrCorrupt) && !errors.Is(err, storage.ErrTooLarge) && !errors.Is(err, storage.ErrNotDurable)
 }
 
 // settled is the outcome and error of an execution meant to end with
@@ -369,6 +372,8 @@ func settled(outcome Outcome, cause, err error) (Outcome, error) {
 		return NotReplayable, err
 	case errors.Is(err, storage.ErrNotOwner):
 		outcome, err = LeaseLost, fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	case errors.Is(err, storage.ErrNotDurable):
+		// Stored: the outcome stands, and the event says what is unconfirmed.
 	case err != nil:
 		outcome = StoreError
 	default:

@@ -88,6 +88,16 @@ var (
 	// never run the handler again.
 	ErrTooLarge = errors.New("storage: record too large for the store")
 
+	// ErrNotDurable means Complete wrote the record but could not confirm
+	// the durability the store was configured to wait for (the Redis
+	// stores' WithDurability: so many replicas, or the append-only file's
+	// fsync, within a timeout). The entry is done, as after a nil error,
+	// and replays; it is lost only if the server fails before the write
+	// reaches where it was to wait for. The middleware takes it as a
+	// success: the response is sent once and not retried, and the
+	// observer's Executed event carries the error.
+	ErrNotDurable = errors.New("storage: record written, its durability not confirmed")
+
 	// ErrExists means [Issuer.Issue] found an entry, in any state, under
 	// the key it was to issue. Nothing was changed.
 	ErrExists = errors.New("storage: entry exists")

@@ -45,6 +45,24 @@ func StartProc(t testing.TB, args ...string) *Proc {
 	t.Helper()
 	srv, err := start(args...)
 	check(t, err)
+	return newProc(t, srv, args)
+}
+
+// StartValkeyProc is [StartProc] with a valkey-server (see EnvValkey for
+// which binary). It skips or fails the test like [StartValkey].
+func StartValkeyProc(t testing.TB, args ...string) *Proc {
+	t.Helper()
+	bin, err := valkeyBin()
+	var srv *server
+	if err == nil {
+		srv, err = startValkey(bin, args...)
+	}
+	checkValkey(t, err)
+	return newProc(t, srv, args)
+}
+
+// newProc returns the handle of srv, started with args.
+func newProc(t testing.TB, srv *server, args []string) *Proc {
 	_, port, _ := net.SplitHostPort(srv.addr)
 	p := &Proc{t: t, bin: srv.cmd.Path, args: args, addr: srv.addr, srv: srv}
 	p.port, _ = strconv.Atoi(port)

@@ -160,6 +160,8 @@ type Store struct {
 	maxRecord int
 	// native is the native path (SET IFEQ) and the entries it holds.
 	native redisproto.Native
+	// durable is what Complete waits for (WithDurability).
+	durable redisproto.Durability
 }
 
 var (
@@ -195,6 +197,31 @@ func WithMaxRecordBytes(n int) Option {
 		}
 	}
 }
+
+// Durability is what Complete waits for once it wrote the done entry
+// (see [WithDurability]): Replicas replicas (WAIT), or with AOF the
+// append-only file's fsync on the primary and on Replicas replicas
+// (WAITAOF, Redis 7.2 and newer, Valkey 8.0 and newer), for at most
+// Timeout (100 ms when 0).
+type Durability = redisproto.Durability
+
+// WithDurability makes Complete wait, once it wrote the done entry, until
+// the write is where d says (by default it waits for nothing: Redis
+// replicates asynchronously, and a primary that fails before a replica
+// has the record loses it, so that the retry runs again). The wait is
+// one more command (WAIT or WAITAOF) on the connection that wrote, which
+// the answer waits for: about a replica's round trip, at most d.Timeout.
+// When the wait ends short of d (the timeout passed, or the wait itself
+// failed), the record stands, the answer is still sent, and Complete
+// returns an error wrapping [storage.ErrNotDurable], which the middleware
+// takes as a stored record (it is not retried) and reports in the
+// observer's Executed event. It needs a *redis.Client (NewClient,
+// NewFailoverClient) or a *redis.ClusterClient, whose connection to the
+// key's master it takes for the call; with any other client Complete
+// fails with [storage.ErrInvalid]. A Complete that is a resend (its
+// first's answer was lost) writes nothing, and its wait confirms what the
+// replicas hold of that connection's writes, not of the first's.
+func WithDurability(d Durability) Option { return func(s *Store) { s.durable = d } }
 
 // New returns a Store that keeps its entries in rdb. It sends nothing to
 // Redis until used.
@@ -294,6 +321,22 @@ type call struct {
 	stamp record // the stamp, over buf
 	olen  record // the owner's length (Complete), over buf
 	buf   [96]byte
+	conn  *redis.Conn // the connection a durable Complete runs on; nil: the client's pool
+}
+
+// target is what a call's commands go through: the client, or one of its
+// connections (a durable Complete's, see WithDurability).
+type target interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+	redis.Scripter
+}
+
+// via returns c's target.
+func (s *Store) via(c *call) target {
+	if c.conn != nil {
+		return c.conn
+	}
+	return s.rdb
 }
 
 // stamped sets c.stamp to the stamp of now.
@@ -345,9 +388,10 @@ func (s *Store) run(ctx context.Context, sc script, c *call, args ...any) (redis
 	n := 4 + copy(c.args[4:], args)
 	cmd := redis.NewCmd(ctx, c.args[:n]...)
 	cmd.SetFirstKeyPos(3)
-	err := s.rdb.Process(ctx, cmd)
+	via := s.via(c)
+	err := via.Process(ctx, cmd)
 	if noScript(err) {
-		cmd = sc.Eval(ctx, s.rdb, []string{c.key}, c.args[4:n]...)
+		cmd = sc.Eval(ctx, via, []string{c.key}, c.args[4:n]...)
 		err = cmd.Err()
 	}
 	if errors.Is(err, redis.Nil) {
@@ -515,8 +559,9 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 // keep its owner (see the package doc's Layout). It is never refused for
 // the server's maxmemory-policy (see [New]). A record longer than
 // [WithMaxRecordBytes] allows is [storage.ErrTooLarge], and changes
-// nothing. Errors wrap [storage.ErrNotOwner], [storage.ErrTooLarge] or
-// [storage.ErrInvalid], or say that Redis could
+// nothing. Errors wrap [storage.ErrNotOwner], [storage.ErrTooLarge],
+// [storage.ErrInvalid] or (with [WithDurability], the record written)
+// [storage.ErrNotDurable], or say that Redis could
 // not be reached, failed, or holds a value under the key that is not an
 // entry.
 func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl time.Duration) error {
@@ -527,6 +572,29 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 		return err
 	}
 	c := &call{key: s.prefix + key, rec: rec, n: millis{ms: redisproto.Millis(ttl)}}
+	if !s.durable.On() {
+		return s.complete(ctx, c, key, owner, rec)
+	}
+	conn, err := s.connFor(ctx, c.key)
+	if err != nil {
+		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	defer conn.Close()
+	c.conn = conn
+	if err := s.complete(ctx, c, key, owner, rec); err != nil {
+		return err
+	}
+	wait := s.durable.Command()
+	cmd := redis.NewCmd(ctx, anys(wait)...)
+	err = conn.Process(ctx, cmd)
+	if err := s.durable.Check(redisproto.FromAny(cmd.Val()), err); err != nil {
+		return fmt.Errorf("redisstore: complete %q: %w", c.key, err)
+	}
+	return nil
+}
+
+// complete writes the done entry of Complete.
+func (s *Store) complete(ctx context.Context, c *call, key, owner string, rec []byte) error {
 	now := s.now()
 	// A record longer than maxPooled goes to the script, which sends it
 	// as it is: the native path would copy it into the done entry, and
@@ -593,6 +661,32 @@ var doneBufs = sync.Pool{New: func() any { return new([]byte) }}
 // maxPooled bounds the done entries that Complete's native path writes.
 const maxPooled = 64 << 10
 
+// connFor returns a connection of the client to the server that holds
+// key (its master, on a cluster), for a durable Complete: WAIT counts
+// the writes of its own connection.
+func (s *Store) connFor(ctx context.Context, key string) (*redis.Conn, error) {
+	switch rdb := s.rdb.(type) {
+	case *redis.Client:
+		return rdb.Conn(), nil
+	case *redis.ClusterClient:
+		node, err := rdb.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return node.Conn(), nil
+	}
+	return nil, fmt.Errorf("%w: WithDurability needs a *redis.Client (NewClient, NewFailoverClient) or a *redis.ClusterClient, not %T", storage.ErrInvalid, s.rdb)
+}
+
+// anys returns args as go-redis's commands take them.
+func anys(args []string) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		out[i] = a
+	}
+	return out
+}
+
 // setIfEq sends the native path's command (see the redisproto package
 // doc): SET key c.rec IFEQ c.val PX c.n. It reports whether the server
 // wrote the value; done false with a nil error (the entry is not c.val,
@@ -604,7 +698,7 @@ func (s *Store) setIfEq(ctx context.Context, op string, c *call) (done bool, err
 	c.args[0], c.args[1], c.args[2], c.args[3], c.args[4], c.args[5], c.args[6] = "set", c.key, &c.rec, "ifeq", &c.val, "px", &c.n
 	cmd := redis.NewStatusCmd(ctx, c.args[:7]...)
 	cmd.SetFirstKeyPos(1)
-	err = s.rdb.Process(ctx, cmd)
+	err = s.via(c).Process(ctx, cmd)
 	switch {
 	case err == nil:
 		return true, nil

@@ -116,6 +116,8 @@ type Store struct {
 	maxRecord int
 	// native is the native path (SET IFEQ) and the entries it holds.
 	native redisproto.Native
+	// durable is what Complete waits for (WithDurability).
+	durable redisproto.Durability
 }
 
 var (
@@ -152,6 +154,30 @@ func WithMaxRecordBytes(n int) Option {
 		}
 	}
 }
+
+// Durability is what Complete waits for once it wrote the done entry
+// (see [WithDurability]): Replicas replicas (WAIT), or with AOF the
+// append-only file's fsync on the primary and on Replicas replicas
+// (WAITAOF, Redis 7.2 and newer, Valkey 8.0 and newer), for at most
+// Timeout (100 ms when 0).
+type Durability = redisproto.Durability
+
+// WithDurability makes Complete wait, once it wrote the done entry, until
+// the write is where d says (by default it waits for nothing: Redis
+// replicates asynchronously, and a primary that fails before a replica
+// has the record loses it, so that the retry runs again). The write and
+// the wait (WAIT or WAITAOF, one more command, which the answer waits
+// for: about a replica's round trip, at most d.Timeout) go on a
+// connection dedicated to the call (rueidis's Dedicated, on a cluster the
+// key's master's), as WAIT counts its own connection's writes. When the
+// wait ends short of d (the timeout passed, or the wait itself failed),
+// the record stands, the answer is still sent, and Complete returns an
+// error wrapping [storage.ErrNotDurable], which the middleware takes as a
+// stored record (it is not retried) and reports in the observer's
+// Executed event. A Complete that is a resend (its first's answer was
+// lost) writes nothing, and its wait confirms what the replicas hold of
+// that connection's writes, not of the first's.
+func WithDurability(d Durability) Option { return func(s *Store) { s.durable = d } }
 
 // New returns a Store that keeps its entries in the Redis behind c. It
 // sends nothing until used. It does not own c: the caller closes it, after
@@ -386,6 +412,18 @@ func (c *call) run(ctx context.Context, client rueidis.Client, sc *rueidis.Lua) 
 	return replyOf(r)
 }
 
+// runOn runs p with the call's arguments on cc, a connection dedicated to
+// the call, as rueidis's Lua.Exec does on a client: EVALSHA, then EVAL
+// when the server does not have the script cached.
+func (c *call) runOn(ctx context.Context, cc rueidis.CoreClient, p redisproto.Script) (redisproto.Reply, error) {
+	r := cc.Do(ctx, cc.B().Evalsha().Sha1(p.SHA).Numkeys(1).Key(c.args[0]).Arg(c.args[1:c.n]...).Build())
+	if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+		r = cc.Do(ctx, cc.B().Eval().Script(p.Src).Numkeys(1).Key(c.args[0]).Arg(c.args[1:c.n]...).Build())
+	}
+	c.answered = r.NonRedisError() == nil
+	return replyOf(r)
+}
+
 // free ends the use of the call: back to the pool if the server answered
 // it.
 func (c *call) free() {
@@ -566,8 +604,10 @@ func (s *Store) Issue(ctx context.Context, key string, ttl time.Duration) error 
 // keep its owner. It is never refused for the server's maxmemory-policy
 // (see [New]). A record longer than [WithMaxRecordBytes]
 // allows is [storage.ErrTooLarge], and changes nothing. Errors wrap
-// [storage.ErrNotOwner], [storage.ErrTooLarge] or [storage.ErrInvalid], or say that Redis could not be reached, failed,
-// or holds a value under the key that is not an entry.
+// [storage.ErrNotOwner], [storage.ErrTooLarge], [storage.ErrInvalid] or
+// (with [WithDurability], the record written) [storage.ErrNotDurable],
+// or say that Redis could not be reached, failed, or holds a value under
+// the key that is not an entry.
 //
 // It sends a copy of rec, not rec itself: a command whose context ends
 // before rueidis has written it stays queued, and is written later, after
@@ -580,6 +620,27 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	if err := redisproto.RecordTooLarge("rueidisstore", len(rec), s.maxRecord); err != nil {
 		return err
 	}
+	if !s.durable.On() {
+		return s.complete(ctx, s.c, key, owner, rec, ttl)
+	}
+	// WAIT and WAITAOF count the writes of their own connection: the
+	// write and the wait go on one, dedicated to the call (on a cluster,
+	// to the key's master).
+	return s.c.Dedicated(func(d rueidis.DedicatedClient) error {
+		if err := s.complete(ctx, d, key, owner, rec, ttl); err != nil {
+			return err
+		}
+		m, err := d.Do(ctx, d.B().Arbitrary(s.durable.Command()...).Build()).ToMessage()
+		if err := s.durable.Check(convert(&m), err); err != nil {
+			return fmt.Errorf("rueidisstore: complete %q: %w", s.prefix+key, err)
+		}
+		return nil
+	})
+}
+
+// complete writes the done entry of Complete through cc: the client, or
+// a connection dedicated to a durable Complete.
+func (s *Store) complete(ctx context.Context, cc rueidis.CoreClient, key, owner string, rec []byte, ttl time.Duration) error {
 	now := s.now()
 	held := s.native.Held(key, owner)
 	c := newCall(s.prefix, key, len(rec)+room+6+5+len(held)+len(owner)+8)
@@ -587,7 +648,7 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	if held != nil {
 		i := len(c.buf)
 		c.buf = redisproto.AppendDone(c.buf, now, held, owner, rec)
-		if done, err := s.setIfEq(ctx, "complete", c, rueidis.BinaryString(c.buf[i:]), held, ttl); done || err != nil {
+		if done, err := s.setIfEq(ctx, cc, "complete", c, rueidis.BinaryString(c.buf[i:]), held, ttl); done || err != nil {
 			if done {
 				s.native.Drop(key, owner)
 			}
@@ -599,7 +660,7 @@ func (s *Store) Complete(ctx context.Context, key, owner string, rec []byte, ttl
 	c.millis(ttl)
 	c.stamp(now)
 	c.uvarint(uint64(len(owner)))
-	return s.dropped(key, owner, s.owned(ctx, "complete", complete, c))
+	return s.dropped(key, owner, s.ownedOn(ctx, cc, "complete", complete, redisproto.Complete, c))
 }
 
 // Release implements [storage.Store.Release]: an entry taken from an issue
@@ -629,7 +690,7 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 	defer c.free()
 	if held := s.native.Held(key, owner); held != nil {
 		v := rueidis.BinaryString(held)
-		if done, err := s.setIfEq(ctx, "extend", c, v, held, lease); done || err != nil {
+		if done, err := s.setIfEq(ctx, s.c, "extend", c, v, held, lease); done || err != nil {
 			if done {
 				s.native.Renewed(key, owner, lease)
 			}
@@ -648,8 +709,8 @@ func (s *Store) Extend(ctx context.Context, key, owner string, lease time.Durati
 // to the script. The error is one that stood in for the server's answer
 // (a network error, a timeout): whether the command ran is then unknown,
 // and the caller's retry finds out.
-func (s *Store) setIfEq(ctx context.Context, op string, c *call, value string, held []byte, d time.Duration) (done bool, err error) {
-	r := s.c.Do(ctx, s.c.B().Set().Key(c.key()).Value(value).Ifeq(rueidis.BinaryString(held)).PxMilliseconds(redisproto.Millis(d)).Build())
+func (s *Store) setIfEq(ctx context.Context, cc rueidis.CoreClient, op string, c *call, value string, held []byte, d time.Duration) (done bool, err error) {
+	r := cc.Do(ctx, cc.B().Set().Key(c.key()).Value(value).Ifeq(rueidis.BinaryString(held)).PxMilliseconds(redisproto.Millis(d)).Build())
 	c.answered = r.NonRedisError() == nil
 	err = r.Error()
 	if err == nil {
@@ -681,7 +742,20 @@ func (s *Store) dropped(key, owner string, err error) error {
 // check the maxmemory-policy: Complete, Release and Extend finish work
 // that has started, and always send their script (see [New]).
 func (s *Store) owned(ctx context.Context, op string, sc *rueidis.Lua, c *call) error {
-	reply, err := c.run(ctx, s.c, sc)
+	return s.ownedOn(ctx, s.c, op, sc, redisproto.Script{}, c)
+}
+
+// ownedOn is owned through cc: the client, which runs sc; or a
+// connection dedicated to the call, which runs p by EVALSHA, then EVAL
+// when the server does not have it cached (the script sc runs).
+func (s *Store) ownedOn(ctx context.Context, cc rueidis.CoreClient, op string, sc *rueidis.Lua, p redisproto.Script, c *call) error {
+	var reply redisproto.Reply
+	var err error
+	if client, ok := cc.(rueidis.Client); ok {
+		reply, err = c.run(ctx, client, sc)
+	} else {
+		reply, err = c.runOn(ctx, cc, p)
+	}
 	if err != nil {
 		return fmt.Errorf("rueidisstore: %s: %w", op, err)
 	}

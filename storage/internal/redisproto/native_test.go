@@ -2,7 +2,9 @@ package redisproto
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,5 +130,44 @@ func TestAppendDone(t *testing.T) {
 	got = AppendDone(nil, at, AppendProcessing(nil, at, "", long), long, nil)
 	if want := "T\x01\x23\x45\x67\x89\xab" + "C\x00" + "\xc8\x01" + long; string(got) != want {
 		t.Fatalf("AppendDone with a 200-byte owner = %q, want %q", got, want)
+	}
+}
+
+// TestDurability: the wait sent, and how its answer reads.
+func TestDurability(t *testing.T) {
+	if (Durability{}).On() || !(Durability{Replicas: 1}).On() || !(Durability{AOF: true}).On() {
+		t.Fatal("On")
+	}
+	if got := (Durability{Replicas: 2}).Command(); strings.Join(got, " ") != "WAIT 2 100" {
+		t.Errorf("WAIT: %q", got)
+	}
+	if got := (Durability{AOF: true, Replicas: 1, Timeout: 1500 * time.Microsecond}).Command(); strings.Join(got, " ") != "WAITAOF 1 1 2" {
+		t.Errorf("WAITAOF: %q", got)
+	}
+	arr := func(a, b int64) Reply {
+		return Reply{Kind: Array, Array: []Reply{{Kind: Int, Int: a}, {Kind: Int, Int: b}}}
+	}
+	for _, c := range []struct {
+		d    Durability
+		r    Reply
+		err  error
+		want bool // confirmed
+	}{
+		{Durability{Replicas: 1}, Reply{Kind: Int, Int: 1}, nil, true},
+		{Durability{Replicas: 1}, Reply{Kind: Int, Int: 2}, nil, true},
+		{Durability{Replicas: 2}, Reply{Kind: Int, Int: 1}, nil, false},
+		{Durability{Replicas: 1}, Reply{Kind: String, Str: "1"}, nil, false},
+		{Durability{Replicas: 1}, Reply{}, errors.New("i/o timeout"), false},
+		{Durability{AOF: true}, arr(1, 0), nil, true},
+		{Durability{AOF: true}, arr(0, 0), nil, false},
+		{Durability{AOF: true, Replicas: 1}, arr(1, 0), nil, false},
+		{Durability{AOF: true, Replicas: 1}, arr(1, 1), nil, true},
+		{Durability{AOF: true}, Reply{Kind: Int, Int: 1}, nil, false},
+		{Durability{AOF: true}, Reply{}, errors.New("ERR WAITAOF cannot be used when numlocal is set but appendonly is disabled."), false},
+	} {
+		err := c.d.Check(c.r, c.err)
+		if (err == nil) != c.want || (err != nil && !errors.Is(err, storage.ErrNotDurable)) {
+			t.Errorf("%+v answered %+v, %v: %v", c.d, c.r, c.err, err)
+		}
 	}
 }
