@@ -118,6 +118,8 @@ type Store struct {
 	native redisproto.Native
 	// durable is what Complete waits for (WithDurability).
 	durable redisproto.Durability
+	// replays is the use of the client-side cache (WithReplayCache).
+	replays replayCache
 }
 
 var (
@@ -291,7 +293,8 @@ func New(c rueidis.Client, opts ...Option) *Store {
 //   - DisableCache true: the store does not use client-side caching (its
 //     scripts are not cacheable), which would cost a CLIENT TRACKING per
 //     connection and the memory of a cache; it also lets the client talk
-//     to a server without RESP3.
+//     to a server without RESP3. Set it back to false for
+//     [WithReplayCache].
 //
 // Auto-pipelining stays on (DisableAutoPipelining false): concurrent
 // operations share the writes of a few connections, which is what the
@@ -490,6 +493,11 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	if err := s.guard.Check(ctx); err != nil {
 		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
 	}
+	if s.replays.isHot(key) {
+		if res, ok := s.cachedReplay(ctx, key); ok {
+			return res, nil
+		}
+	}
 	c := newCall(s.prefix, key, 9+len(fingerprint)+len(owner)+room+6)
 	defer c.free()
 	i := len(c.buf)
@@ -516,6 +524,8 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	}
 	if !found {
 		s.native.Hold(key, owner, bytes.Clone(c.buf[i:]), lease) // c.buf goes back to the pool
+	} else if res.State == storage.Done {
+		s.replays.done(key)
 	}
 	switch next {
 	case redisproto.AskLeaseLeft:
