@@ -160,6 +160,8 @@ type Store struct {
 	maxRecord int
 	// native is the native path (SET IFEQ) and the entries it holds.
 	native redisproto.Native
+	// hot is the keys found done lately, which Acquire reads with a GET.
+	hot redisproto.Hot
 	// durable is what Complete waits for (WithDurability).
 	durable redisproto.Durability
 }
@@ -440,7 +442,10 @@ func ClientOptions(addr string) *redis.Options {
 //
 // It sends SET key value NX PX lease GET, which makes the processing
 // entry or answers the one there, unchanged: a new key or a done one
-// (a replay) costs that one command. Another owner's processing entry
+// (a replay) costs that one command. A key that an Acquire found done
+// lately (the last 4,096) is read with a GET first, which answers its
+// replays at the cost of a GET (see redisproto.Hot); a GET that finds it
+// no longer done costs that one more command. Another owner's processing entry
 // costs a PTTL more, for its lease left; an issued entry, or the
 // owner's own processing entry (a resent Acquire, whose lease is
 // renewed), the Acquire script more.
@@ -453,6 +458,15 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 		return storage.Result{}, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	c := &call{key: s.prefix + key, n: millis{ms: redisproto.Millis(lease)}}
+	if s.hot.Has(key) {
+		get := redis.NewStringCmd(ctx, "get", c.key)
+		get.SetFirstKeyPos(1)
+		err := s.rdb.Process(ctx, get)
+		if res, ok := redisproto.HotResult(get.Val(), err == nil); ok {
+			return res, nil
+		}
+		s.hot.Forget(key)
+	}
 	c.val = redisproto.AppendProcessing(c.buf[:0], s.now(), fingerprint, owner)
 	c.args[0], c.args[1], c.args[2], c.args[3], c.args[4], c.args[5], c.args[6] = "set", c.key, &c.val, "nx", "px", &c.n, "get"
 	cmd := redis.NewStringCmd(ctx, c.args[:7]...)
@@ -474,6 +488,8 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	}
 	if !found {
 		s.native.Hold(key, owner, c.val, lease) // c is the call's own, never reused
+	} else if res.State == storage.Done {
+		s.hot.Add(key)
 	}
 	switch next {
 	case redisproto.AskLeaseLeft:

@@ -118,8 +118,11 @@ type Store struct {
 	native redisproto.Native
 	// durable is what Complete waits for (WithDurability).
 	durable redisproto.Durability
-	// replays is the use of the client-side cache (WithReplayCache).
-	replays replayCache
+	// hot is the keys found done lately, which Acquire reads with a GET
+	// (through the client-side cache with WithReplayCache).
+	hot redisproto.Hot
+	// replayMaxAge is WithReplayCache's; 0: off.
+	replayMaxAge time.Duration
 }
 
 var (
@@ -479,7 +482,11 @@ func convert(m *rueidis.RedisMessage) redisproto.Reply {
 //
 // It sends SET key value NX PX lease GET, which makes the processing
 // entry or answers the one there, unchanged: a new key or a done one
-// (a replay) costs that one command. Another owner's processing entry
+// (a replay) costs that one command. A key that an Acquire found done
+// lately (the last 4,096) is read with a GET first (through the
+// client-side cache with [WithReplayCache]), which answers its replays
+// at the cost of a GET (see redisproto.Hot); a GET that finds it no
+// longer done costs that one more command. Another owner's processing entry
 // costs a PTTL more, for its lease left; an issued entry, or the
 // owner's own processing entry (a resent Acquire, whose lease is
 // renewed), the Acquire script more. The SET is marked retryable (see
@@ -493,8 +500,8 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	if err := s.guard.Check(ctx); err != nil {
 		return storage.Result{}, fmt.Errorf("rueidisstore: %s: %w", op, err)
 	}
-	if s.replays.isHot(key) {
-		if res, ok := s.cachedReplay(ctx, key); ok {
+	if s.hot.Has(key) {
+		if res, ok := s.hotReplay(ctx, key); ok {
 			return res, nil
 		}
 	}
@@ -525,7 +532,7 @@ func (s *Store) Acquire(ctx context.Context, key, owner, fingerprint string, lea
 	if !found {
 		s.native.Hold(key, owner, bytes.Clone(c.buf[i:]), lease) // c.buf goes back to the pool
 	} else if res.State == storage.Done {
-		s.replays.done(key)
+		s.hot.Add(key)
 	}
 	switch next {
 	case redisproto.AskLeaseLeft:

@@ -75,6 +75,7 @@ var tests = []test{
 	{"NativeSharesEntries", false, testNativeSharesEntries},
 	{"NativeCommands", false, testNativeCommands},
 	{"RollingUpgradeDuplicates", false, testRollingUpgradeDuplicates},
+	{"HotReplays", false, testHotReplays},
 }
 
 // Run runs every test of the suite as a subtest of t, each on the
