@@ -419,7 +419,8 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 	stored, upd := record, updComplete
 	if len(record) > compressAbove {
 		if z := deflate(record); z != nil {
-			stored, upd = z, updCompleteZ
+			defer putBuffer(z)
+			stored, upd = z.Bytes(), updCompleteZ
 		}
 	}
 	if len(stored) > MaxStoredRecordBytes {
@@ -429,6 +430,9 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 	if stored == nil {
 		stored = []byte{}
 	}
+	// stored is sent as it is: the SDK encodes it during the call and
+	// keeps nothing after, so the caller may reuse record once Complete
+	// returns.
 	now := s.nowMs()
 	exp := now + ms(ttl)
 	_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
@@ -439,7 +443,7 @@ func (s *Store) Complete(ctx context.Context, key, owner string, record []byte, 
 		ExpressionAttributeNames: namesComplete,
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":processing": sv(stateProcessing), ":done": sv(stateDone), ":owner": bv(owner),
-			":rec": &types.AttributeValueMemberB{Value: bytes.Clone(stored)}, ":sz": nv(int64(len(record))),
+			":rec": &types.AttributeValueMemberB{Value: stored}, ":sz": nv(int64(len(record))),
 			":ex": nv(exp), ":ttl": nv(ttlSeconds(exp)), ":now": nv(now),
 		},
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,

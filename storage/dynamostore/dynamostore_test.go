@@ -332,6 +332,12 @@ func TestCorrupt(t *testing.T) {
 		"no state":      {"payload": &types.AttributeValueMemberS{Value: "x"}},
 		"unknown state": {"state": &types.AttributeValueMemberS{Value: "paid"}, "expires_ms": &types.AttributeValueMemberN{Value: "99999999999999"}},
 		"no expiry":     {"state": &types.AttributeValueMemberS{Value: "done"}, "owner": &types.AttributeValueMemberB{Value: []byte("o")}},
+		"huge size": {"state": &types.AttributeValueMemberS{Value: "done"}, "owner": &types.AttributeValueMemberB{Value: []byte("o")},
+			"expires_ms": &types.AttributeValueMemberN{Value: "99999999999999"}, "size": &types.AttributeValueMemberN{Value: "99999999999"},
+			"record_z": &types.AttributeValueMemberB{Value: []byte{1, 2, 3}}},
+		"damaged compressed record": {"state": &types.AttributeValueMemberS{Value: "done"}, "owner": &types.AttributeValueMemberB{Value: []byte("o")},
+			"expires_ms": &types.AttributeValueMemberN{Value: "99999999999999"}, "size": &types.AttributeValueMemberN{Value: "100"},
+			"record_z": &types.AttributeValueMemberB{Value: []byte{1, 2, 3}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			key := "corrupt:" + rand.Text()

@@ -105,7 +105,7 @@ func parseItem(m map[string]types.AttributeValue) (item, error) {
 	}
 	if v, found := m[attrSize]; found {
 		n, ok := num(v)
-		if !ok || n < 0 {
+		if !ok || n < 0 || n > maxSize {
 			return bad(attrSize)
 		}
 		it.size = int(n)
@@ -191,6 +191,10 @@ func ttlSeconds(exp int64) int64 { return (exp + 999) / 1000 }
 
 // Compression of records: see the package documentation's Records.
 
+// maxSize bounds a record's size attribute, so that a damaged item
+// cannot make inflate allocate without bound.
+const maxSize = 1 << 30
+
 // compressAbove is the length from which Complete tries to compress a
 // record.
 const compressAbove = 4 << 10
@@ -200,22 +204,36 @@ var writers = sync.Pool{New: func() any {
 	return w
 }}
 
-// deflate returns record compressed (raw DEFLATE, fastest level) when
-// that is shorter by at least an eighth, and nil otherwise.
-func deflate(record []byte) []byte {
-	var buf bytes.Buffer
-	buf.Grow(len(record) / 2)
+// buffers hold compressed records while Complete sends them.
+var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// deflate compresses record (raw DEFLATE, the fastest level) into a buffer
+// of the pool, and returns it when that is shorter by at least an eighth;
+// otherwise nil. The caller puts a buffer it got back with putBuffer once
+// the request that carries it has returned.
+func deflate(record []byte) *bytes.Buffer {
+	buf := buffers.Get().(*bytes.Buffer)
+	buf.Reset()
 	w := writers.Get().(*flate.Writer)
-	w.Reset(&buf)
+	w.Reset(buf)
 	_, err := w.Write(record)
 	if err == nil {
 		err = w.Close()
 	}
 	writers.Put(w)
 	if err != nil || buf.Len() > len(record)-len(record)/8 {
+		putBuffer(buf)
 		return nil
 	}
-	return buf.Bytes()
+	return buf
+}
+
+// putBuffer returns buf to the pool, unless it grew past what an item
+// holds.
+func putBuffer(buf *bytes.Buffer) {
+	if buf.Cap() <= MaxItemBytes {
+		buffers.Put(buf)
+	}
 }
 
 var readers = sync.Pool{New: func() any { return flate.NewReader(bytes.NewReader(nil)) }}

@@ -13,10 +13,12 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -25,6 +27,7 @@ import (
 	"github.com/idemkit/idem/internal/tests/redisx"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/dynamostore"
 	"github.com/idemkit/idem/storage/memstore"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
@@ -35,12 +38,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestMain stops the shared redis-server, PostgreSQL server and MariaDB
-// (and removes their data) and fails the run if a goroutine leaked (a lease
-// heartbeat, a store's janitor, a pool's health check).
+// TestMain stops the shared redis-server, PostgreSQL server, MariaDB and
+// dynalite (and removes their data) and fails the run if a goroutine leaked
+// (a lease heartbeat, a store's janitor, a pool's health check).
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.ReleaseMode)
-	leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m))))
+	leakcheck.Main(dynamotest.Wrap(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))))
 }
 
 // The response every handler writes: 201, three headers and a 200-byte
@@ -194,6 +197,11 @@ type store struct {
 	sqlPG      bool            // sqlstore's PostgreSQL dialect, through pgx's driver (its pgCounter counts)
 	sqlCounter *sqlCounter
 	sqlTable   string // its table, as SQL
+
+	dynamo     *dynamostore.Store // the DynamoDB store, else nil
+	ddb        *dynamodb.Client   // its client
+	ddbCounter *requestCounter    // counts the client's HTTP requests
+	ddbTable   string             // its table's name
 }
 
 // resetCount sets the count of round trips to the store's server to zero.
@@ -205,6 +213,8 @@ func (s store) resetCount() {
 		s.pgCounter.Reset()
 	case s.sqlCounter != nil:
 		s.sqlCounter.Reset()
+	case s.ddbCounter != nil:
+		s.ddbCounter.Reset()
 	}
 }
 
@@ -218,6 +228,8 @@ func (s store) roundTrips() int64 {
 		return s.pgCounter.RoundTrips()
 	case s.sqlCounter != nil:
 		return s.sqlCounter.RoundTrips()
+	case s.ddbCounter != nil:
+		return s.ddbCounter.RoundTrips()
 	}
 	return 0
 }
@@ -234,8 +246,8 @@ func (s store) statements() (int64, bool) {
 	return 0, false
 }
 
-// trim deletes what the Redis, PostgreSQL or MySQL store holds; it does nothing
-// for the memory store, which bounds itself.
+// trim deletes what the Redis, PostgreSQL, MySQL or DynamoDB store holds; it
+// does nothing for the memory store, which bounds itself.
 func (s store) trim(tb testing.TB) {
 	ctx := context.Background()
 	switch {
@@ -266,6 +278,9 @@ func (s store) trim(tb testing.TB) {
 		if _, err := s.db.ExecContext(ctx, "TRUNCATE TABLE "+s.sqlTable); err != nil {
 			tb.Fatal(err)
 		}
+	case s.ddb != nil:
+		// DynamoDB has no TRUNCATE: a Scan and batches of deletes.
+		s.trimDynamoDB(tb)
 	}
 }
 
@@ -279,8 +294,8 @@ type storeKind struct {
 // largeKept is how many 1 MiB records a store keeps at most during the
 // large case: the memory store is bounded to that many entries (it evicts
 // the oldest record as a full store does), and the keys of a Redis store
-// or the rows of a PostgreSQL or MySQL store are deleted each time that many were
-// written, outside the measurement.
+// or the rows of a PostgreSQL or MySQL store (the items of a DynamoDB store)
+// are deleted each time that many were written, outside the measurement.
 const largeKept = 64
 
 var storeKinds = []storeKind{
@@ -341,6 +356,13 @@ var storeKinds = []storeKind{
 	// driver (github.com/jackc/pgx/v5/stdlib), on the server of the
 	// postgres store (see openSQLPostgres).
 	{"postgres-sql", func(tb testing.TB, large bool) store { return openSQLPostgres(tb) }},
+	// dynamostore: a table of the setup's own on the test binary's
+	// dynalite (see internal/dynamotest: skipped without dynalite, unless
+	// IDEM_REQUIRE_DYNAMODB=1), through the AWS SDK's DynamoDB client
+	// with its defaults (see openDynamoDB). It has no Fence. With large,
+	// the 1 MiB body is kept compressed: it must deflate to an item's
+	// 400 KB, and does (openDynamoDB skips otherwise).
+	{"dynamodb", func(tb testing.TB, large bool) store { return openDynamoDB(tb, large) }},
 }
 
 // storeKindNamed returns the store kind of that name.
