@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -18,7 +19,9 @@ import (
 
 // TestMain stops the servers the store kinds started and fails the run if
 // a goroutine leaked.
-func TestMain(m *testing.M) { leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))) }
+func TestMain(m *testing.M) {
+	leakcheck.Main(dynamotest.Wrap(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))))
+}
 
 // TestDo runs Middleware.Do on every store: two middlewares on one store
 // stand for two processes of a queue consumer.

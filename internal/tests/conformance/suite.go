@@ -25,9 +25,10 @@ import (
 // Run runs every scenario for adapter a on every store: the memory store;
 // redisstore on miniredis, on a real redis-server and on a real
 // three-master Redis Cluster; rueidisstore on the same server and
-// Cluster; pgstore on a private PostgreSQL; sqlstore on a private MariaDB
-// (the real servers skipped when they are not available, unless
-// IDEM_REQUIRE_REDIS=1, IDEM_REQUIRE_PG=1 and IDEM_REQUIRE_MYSQL=1).
+// Cluster; pgstore on a private PostgreSQL; sqlstore on a private MariaDB;
+// dynamostore on a private dynalite (the real servers skipped when they
+// are not available, unless IDEM_REQUIRE_REDIS=1, IDEM_REQUIRE_PG=1,
+// IDEM_REQUIRE_MYSQL=1 and IDEM_REQUIRE_DYNAMODB=1).
 func Run(t *testing.T, a Adapter) {
 	for _, sk := range storeKinds {
 		t.Run(sk.name, func(t *testing.T) {

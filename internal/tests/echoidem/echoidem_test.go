@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/echoidem"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -26,7 +27,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))) // stops the servers the conformance suite started
+	// Stops the servers the conformance suite started.
+	leakcheck.Main(dynamotest.Wrap(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))))
 }
 
 // newEcho returns an Echo that logs nothing.

@@ -17,6 +17,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/ginidem"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/leakcheck"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -26,8 +27,9 @@ import (
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	gin.DefaultErrorWriter = io.Discard                            // gin.Recovery's panic reports
-	leakcheck.Main(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))) // stops the servers the conformance suite started
+	gin.DefaultErrorWriter = io.Discard // gin.Recovery's panic reports
+	// Stops the servers the conformance suite started.
+	leakcheck.Main(dynamotest.Wrap(mysqltest.Wrap(pgtest.Wrap(redistest.Wrap(m)))))
 }
 
 func TestConformance(t *testing.T) {
