@@ -12,7 +12,7 @@ type Config struct {
 	Admin     Admin                `yaml:"admin" doc:"The admin listener: /healthz, /readyz."`
 	Shutdown  time.Duration        `yaml:"shutdown_grace" default:"30s" doc:"On SIGTERM or SIGINT: how long the gateway waits for the requests in flight and their records before it exits anyway."`
 	Log       Log                  `yaml:"log" doc:"The log, JSON lines on standard error."`
-	Store     Store                `yaml:"store" doc:"Where the records live: exactly one of memory, redis and postgres."`
+	Store     Store                `yaml:"store" doc:"Where the records live: exactly one of memory, redis, postgres and dynamodb."`
 	Upstreams map[string]*Upstream `yaml:"upstreams" doc:"The services behind the gateway, by name: at least one."`
 	Routes    []*Route             `yaml:"routes" doc:"What the gateway serves, matched as net/http's ServeMux matches patterns (the most specific wins); a request that matches none gets 404: at least one, at most 10000."`
 }
@@ -46,6 +46,7 @@ type Store struct {
 	Memory   *MemoryStore   `yaml:"memory" doc:"This process's memory: for one instance; records are lost when it stops."`
 	Redis    *RedisStore    `yaml:"redis" doc:"Redis (or Valkey): a single server, a Cluster or a Sentinel group."`
 	Postgres *PostgresStore `yaml:"postgres" doc:"A PostgreSQL table (pgstore)."`
+	DynamoDB *DynamoDBStore `yaml:"dynamodb" doc:"An Amazon DynamoDB table (dynamostore), for gateways on AWS. The AWS SDK's default configuration gives the credentials and, unless region says, the region: AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE and ~/.aws, a web identity (EKS), the task's role (ECS), the instance's role (EC2). The gateway needs dynamodb:GetItem, PutItem, UpdateItem, DeleteItem and DescribeTable on the table (and CreateTable, DescribeTimeToLive and UpdateTimeToLive with create_table)."`
 }
 
 // MemoryStore is the memory store's settings.
@@ -83,6 +84,15 @@ type PostgresStore struct {
 	CreateTable bool          `yaml:"create_table" default:"true" doc:"Create the table at start when it is missing; false for those who migrate with their own tools (pgstore.Schema prints the SQL)."`
 	MaxConns    int           `yaml:"max_conns" default:"0" doc:"The pool's most connections; 0: pgx's default."`
 	Timeout     time.Duration `yaml:"timeout" default:"1s" doc:"Bound of each store call, whole (waiting for a connection of the pool, dial and query included): a store that stops answering gets requests 503 with Retry-After after about this long, not a hang. Each try of creating the table at start has this bound or 10s, the longer."`
+}
+
+// DynamoDBStore is the DynamoDB store's settings.
+type DynamoDBStore struct {
+	Table       string        `yaml:"table" doc:"The table, or its ARN; required. Its partition key is id, a string, with no sort key, and DynamoDB's TTL on the attribute ttl (dynamostore's documentation has its CloudFormation and Terraform). Checked at start (DescribeTable): a table that is missing (without create_table), or keyed otherwise, stops the gateway."`
+	Region      string        `yaml:"region" doc:"The table's AWS region (eu-west-1); empty: the AWS SDK's (AWS_REGION, the profile's), or us-east-1 with an endpoint."`
+	Endpoint    string        `yaml:"endpoint" doc:"URL of a DynamoDB API of its own: DynamoDB Local, dynalite, LocalStack (http://localhost:8000); empty: AWS's, for the region. With an endpoint that is not AWS's (a host under amazonaws.com) and no credentials in the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...), the requests are signed with dummy ones."`
+	CreateTable bool          `yaml:"create_table" default:"false" doc:"Create the table at start when it is missing (on-demand capacity, TTL on ttl), and wait until it is active: for tests and quick starts. In production the table belongs to the infrastructure's code."`
+	Timeout     time.Duration `yaml:"timeout" default:"1s" doc:"Bound of each store call, whole (dial, TLS, and the AWS SDK's retries of a throttled or failed request included): a store that stops answering gets requests 503 with Retry-After after about this long, not a hang. Each try of checking (or creating) the table at start has this bound or 10s, the longer (or 3m to create)."`
 }
 
 // Upstream is a service behind the gateway.

@@ -2,7 +2,8 @@
 // it idempotent, whatever their language: a protected request (POST and
 // PATCH by default) with an idempotency key reaches its upstream once,
 // and every retry gets the same response, from a store shared by every
-// instance of the gateway (Redis or PostgreSQL; memory for one instance).
+// instance of the gateway (Redis, PostgreSQL or DynamoDB; memory for one
+// instance).
 // A duplicate that arrives while the first is still in flight gets 409
 // with Retry-After.
 //

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 )
@@ -54,7 +55,7 @@ func testMain(m *testing.M) int {
 			return 1
 		}
 	}
-	return pgtest.Wrap(redistest.Wrap(m)).Run()
+	return pgtest.Wrap(redistest.Wrap(dynamotest.Wrap(m))).Run()
 }
 
 // proc is a gateway process started as a user starts it.

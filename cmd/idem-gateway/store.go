@@ -58,6 +58,16 @@ func openStore(ctx context.Context, c *Store, log *slog.Logger) (*openedStore, e
 		}
 		s.Store = withTimeout(s.Store, c.Postgres.Timeout)
 		return s, nil
+	case c.DynamoDB != nil:
+		if c.DynamoDB.Timeout <= 0 {
+			return nil, fmt.Errorf("store.dynamodb.timeout: %v: must be positive", c.DynamoDB.Timeout)
+		}
+		s, err := openDynamoDB(ctx, c.DynamoDB, log)
+		if err != nil {
+			return nil, err
+		}
+		s.Store = withTimeout(s.Store, c.DynamoDB.Timeout)
+		return s, nil
 	}
 	return nil, errors.New("no store declared")
 }
@@ -273,14 +283,24 @@ func openRedis(ctx context.Context, c *RedisStore, log *slog.Logger) (*openedSto
 	}, nil
 }
 
-// retry calls connect until it succeeds or ctx ends (the gateway is
-// stopped), logging its failures: a gateway may start before its store.
+// permanent is an error of connect that retry returns at once: trying
+// again cannot help (a table that does not exist).
+type permanent struct{ error }
+
+func (p permanent) Unwrap() error { return p.error }
+
+// retry calls connect until it succeeds, fails with a permanent error, or
+// ctx ends (the gateway is stopped), logging its failures: a gateway may
+// start before its store.
 func retry(ctx context.Context, log *slog.Logger, what string, connect func() error) error {
 	delay := 250 * time.Millisecond
 	for {
 		err := connect()
 		if err == nil {
 			return nil
+		}
+		if p := (permanent{}); errors.As(err, &p) {
+			return p.error
 		}
 		log.Warn("store not reachable yet; retrying", "store", what, "err", err.Error(), "in", delay)
 		select {

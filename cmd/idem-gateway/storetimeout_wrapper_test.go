@@ -96,4 +96,19 @@ func TestStoreDefaults(t *testing.T) {
 	if d := pg.Store.Postgres.Timeout; d != time.Second {
 		t.Errorf("store.postgres.timeout: %v, want 1s", d)
 	}
+	ddb, err := parseConfig("g.yaml", []byte(strings.Replace(base, "memory: {}", `dynamodb: {table: orders_idem}`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := ddb.Store.DynamoDB; s.Timeout != time.Second || s.CreateTable || s.Region != "" || s.Endpoint != "" {
+		t.Errorf("store.dynamodb: %+v, want a timeout of 1s, no create_table, no region and no endpoint", s)
+	}
+	arn, err := parseConfig("g.yaml", []byte(strings.Replace(base, "memory: {}",
+		`dynamodb: {table: "arn:aws:dynamodb:eu-west-1:123456789012:table/orders_idem", region: eu-west-1, endpoint: "http://localhost:8000"}`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := arn.Store.DynamoDB; s.Region != "eu-west-1" || s.Endpoint != "http://localhost:8000" {
+		t.Errorf("store.dynamodb: %+v", s)
+	}
 }

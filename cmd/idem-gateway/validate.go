@@ -100,20 +100,20 @@ type patterns struct {
 func validateStore(d *decoder, c *Config) {
 	s := c.Store
 	n := 0
-	for _, set := range []bool{s.Memory != nil, s.Redis != nil, s.Postgres != nil} {
+	for _, set := range []bool{s.Memory != nil, s.Redis != nil, s.Postgres != nil, s.DynamoDB != nil} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		d.errorf("store", "declare exactly one of memory, redis and postgres (%d declared)", n)
+		d.errorf("store", "declare exactly one of memory, redis, postgres and dynamodb (%d declared)", n)
 		return
 	}
 	switch {
 	case s.Memory != nil:
 		if c.Instances > 1 {
 			d.errorf("store.memory", "keeps the records in one process, and instances is %d: "+
-				"each instance would run every request once more; use redis or postgres", c.Instances)
+				"each instance would run every request once more; use redis, postgres or dynamodb", c.Instances)
 		}
 		if s.Memory.MaxEntries < 0 {
 			d.errorf("store.memory.max_entries", "must not be negative")
@@ -170,6 +170,25 @@ func validateStore(d *decoder, c *Config) {
 			d.errorf(p+".max_conns", "must not be negative")
 		}
 		positive(d, p+".timeout", pg.Timeout)
+	case s.DynamoDB != nil:
+		ddb := s.DynamoDB
+		p := "store.dynamodb"
+		switch {
+		case ddb.Table == "":
+			d.errorf(p+".table", "required: the table's name (or ARN)")
+		case !validTable(ddb.Table):
+			d.errorf(p+".table", "%q: want 3 to 255 letters, digits, _, - and ., or a table's ARN", ddb.Table)
+		}
+		if ddb.Region != "" && !regionName.MatchString(ddb.Region) {
+			d.errorf(p+".region", "%q: want an AWS region such as eu-west-1", ddb.Region)
+		}
+		if ddb.Endpoint != "" {
+			u, err := url.Parse(ddb.Endpoint)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+				d.errorf(p+".endpoint", "%q: want the URL of a DynamoDB API, http://host:port (DynamoDB Local: http://localhost:8000)", ddb.Endpoint)
+			}
+		}
+		positive(d, p+".timeout", ddb.Timeout)
 	}
 }
 

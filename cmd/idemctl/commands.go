@@ -143,7 +143,7 @@ func (c *cli) inspect(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	closeStore, err := c.open()
+	closeStore, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -227,7 +227,7 @@ func (c *cli) ls(ctx context.Context, args []string) error {
 	case set["cursor"] && *cursor == "":
 		return usageError("ls: -cursor takes the cursor that a page printed")
 	}
-	closeStore, err := c.open()
+	closeStore, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -383,7 +383,7 @@ func (c *cli) rm(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	closeStore, err := c.open()
+	closeStore, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -462,7 +462,7 @@ func describe(e idemadmin.Entry) string {
 // rmMany removes the entries that q selects, each only if it is still as
 // listed.
 func (c *cli) rmMany(ctx context.Context, q storage.Query, yes, dryRun bool) error {
-	closeStore, err := c.open()
+	closeStore, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -610,7 +610,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return usageError("stats: takes no arguments; got %q", fs.Args())
 	}
-	closeStore, err := c.open()
+	closeStore, err := c.open(ctx)
 	if err != nil {
 		return err
 	}

@@ -17,12 +17,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
+	"github.com/idemkit/idem/storage/dynamostore"
 	"github.com/idemkit/idem/storage/pgstore"
 	"github.com/idemkit/idem/storage/redisstore"
 	"github.com/idemkit/idem/storage/sqlstore"
@@ -136,6 +140,10 @@ var backends = []backend{
 	}},
 	{"mysql", func(t *testing.T) (storage.Inspector, []string) {
 		_, store, flags := openMySQL(t)
+		return store, flags
+	}},
+	{"dynamodb", func(t *testing.T) (storage.Inspector, []string) {
+		store, flags := openDynamoDB(t)
 		return store, flags
 	}},
 }
@@ -360,4 +368,59 @@ func closedAddr(t *testing.T) string {
 	addr := l.Addr().String()
 	l.Close()
 	return addr
+}
+
+// dynamoClient returns a client of the DynamoDB API at endpoint (dynalite:
+// any region, any keys), whose idle connections close when the test ends.
+func dynamoClient(t *testing.T, endpoint string) *dynamodb.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return dynamodb.New(dynamodb.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(endpoint),
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test"}, nil
+		}),
+		HTTPClient: &http.Client{Transport: tr},
+	})
+}
+
+// openDynamoDB returns a store on a table of the test's own on the shared
+// dynalite, deleted when the test ends, and idemctl's global flags for it:
+// -dynamodb TABLE -endpoint URL, with no region and no credentials (the
+// test's environment names none: idemctl's defaults for an endpoint).
+func openDynamoDB(t *testing.T) (*dynamostore.Store, []string) {
+	endpoint := dynamotest.Endpoint(t)
+	noAWSEnvironment(t)
+	client := dynamoClient(t, endpoint)
+	table := dynamotest.Table(t)
+	store, err := dynamostore.New(client, dynamostore.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CreateTable(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)}); err != nil {
+			t.Errorf("deleting table %s: %v", table, err)
+		}
+	})
+	return store, []string{"-dynamodb", table, "-endpoint", endpoint}
+}
+
+// noAWSEnvironment clears, for the test, the environment variables that
+// would give idemctl's AWS SDK a region, credentials, a profile or
+// configuration files of the machine's.
+func noAWSEnvironment(t *testing.T) {
+	for _, v := range append([]string{"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+		"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", envDynamoDB}, credentialVars...) {
+		t.Setenv(v, "")
+	}
+	dir := t.TempDir()
+	t.Setenv("AWS_CONFIG_FILE", dir+"/config")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", dir+"/credentials")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 }

@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemadmin"
+	"github.com/idemkit/idem/internal/dynamotest"
 	"github.com/idemkit/idem/internal/redistest"
 	"github.com/idemkit/idem/nethttp"
 	"github.com/idemkit/idem/storage"
@@ -488,6 +491,7 @@ func TestUsage(t *testing.T) {
 	t.Setenv(envRedisCluster, "")
 	t.Setenv(envPGDSN, "")
 	t.Setenv(envMySQLDSN, "")
+	t.Setenv(envDynamoDB, "")
 	const pg = "postgres://u:s3cr3tpw@localhost/db"
 	const my = "u:s3cr3tpw@tcp(localhost:3306)/db"
 	for _, c := range []struct {
@@ -523,6 +527,15 @@ func TestUsage(t *testing.T) {
 		{[]string{"-mysql", my, "-table", "Bad-Name", "stats"}, "-table"},
 		{[]string{"-mysql", "u:s3cr3tpw@tcp(localhost:3306/db", "stats"}, "-mysql is not a DSN"},
 		{[]string{"-mysql", "u:s3cr3tpw@tcp(localhost:3306)/", "stats"}, "-mysql names no database"},
+		{[]string{"-redis", "localhost:6379", "-dynamodb", "t_idem", "stats"}, "one store at a time"},
+		{[]string{"-dynamodb", "t_idem", "-prefix", "p:", "stats"}, "-prefix is for a Redis store; a DynamoDB store's table is -dynamodb's"},
+		{[]string{"-dynamodb", "t_idem", "-table", "t", "stats"}, "-table is for a PostgreSQL or MySQL store; a DynamoDB store's table is -dynamodb's"},
+		{[]string{"-redis", "localhost:6379", "-region", "eu-west-1", "stats"}, "-region and -endpoint are for a DynamoDB store"},
+		{[]string{"-pg", pg, "-endpoint", "http://localhost:8000", "stats"}, "-region and -endpoint are for a DynamoDB store"},
+		{[]string{"-dynamodb", "t", "stats"}, `-dynamodb "t" is not a DynamoDB table`},
+		{[]string{"-dynamodb", "orders idem", "stats"}, `-dynamodb "orders idem" is not a DynamoDB table`},
+		{[]string{"-dynamodb", "t_idem", "-endpoint", "localhost:8000", "stats"}, `-endpoint "localhost:8000" is not the URL of a DynamoDB API`},
+		{[]string{"-dynamodb", "t_idem", "-endpoint", "ftp://localhost:8000", "stats"}, `-endpoint "ftp://localhost:8000" is not the URL`},
 	} {
 		out, errOut := mustRun(t, exitUsage, "", c.args...)
 		if out != "" || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "idemctl -h") || strings.Contains(errOut, "s3cr3tpw") {
@@ -556,6 +569,7 @@ func TestEnvironment(t *testing.T) {
 	t.Setenv(envRedisAddr, addr)
 	t.Setenv(envPGDSN, "")
 	t.Setenv(envMySQLDSN, "")
+	t.Setenv(envDynamoDB, "")
 	if out, _ := mustRun(t, 0, "", "-prefix", prefix, "stats"); field(out, "done") != "0" {
 		t.Errorf("stats on %s=%s:\n%s", envRedisAddr, addr, out)
 	}
@@ -574,6 +588,7 @@ func TestEnvironment(t *testing.T) {
 // TestUnreachable: a store that cannot be reached exits 1, without
 // printing a DSN or a password.
 func TestUnreachable(t *testing.T) {
+	noAWSEnvironment(t)
 	addr := closedAddr(t)
 	for _, flags := range [][]string{
 		{"-redis", addr},
@@ -581,6 +596,7 @@ func TestUnreachable(t *testing.T) {
 		{"-redis-cluster", addr},
 		{"-pg", "postgres://u:s3cr3tpw@" + addr + "/db?sslmode=disable"},
 		{"-mysql", "u:s3cr3tpw@tcp(" + addr + ")/db"},
+		{"-dynamodb", "idem_keys", "-endpoint", "http://" + addr},
 	} {
 		for _, cmd := range [][]string{{"stats"}, {"ls"}, {"inspect", "KEY"}, {"rm", "-yes", "KEY"}} {
 			args := append(slices.Clone(flags), cmd...)
@@ -757,5 +773,89 @@ func TestBodyEncoding(t *testing.T) {
 	out, _ := mustRun(t, 0, "", append(flags, "-json", "inspect", "-body", skey("order-1"))...)
 	if !strings.Contains(out, `"body": "{\"order\":1}"`) || !strings.Contains(out, `"body_encoding": "text"`) {
 		t.Errorf("-json inspect -body: want the body as text:\n%s", out)
+	}
+}
+
+// TestDynamoDB: on DynamoDB, idemctl checks the table at open: a table
+// that does not exist exits 1 with an error that names it, the region
+// and the endpoint, before any look-up (not "no such entry"); the region
+// is -region, else the SDK's (AWS_REGION), else us-east-1 with -endpoint;
+// $IDEM_DYNAMODB_TABLE names the table when no store flag does.
+func TestDynamoDB(t *testing.T) {
+	store, flags := openDynamoDB(t)
+	table, endpoint := flags[1], flags[3]
+	s := newShop(t, store)
+	s.order("order-1")
+
+	missing := dynamotest.Table(t)
+	for _, c := range []struct {
+		env    string
+		args   []string
+		region string
+	}{
+		{"", []string{"-dynamodb", missing, "-endpoint", endpoint, "inspect", skey("order-1")}, "us-east-1"},
+		{"", []string{"-dynamodb", missing, "-endpoint", endpoint, "-region", "eu-west-1", "rm", "-yes", skey("order-1")}, "eu-west-1"},
+		{"ap-south-1", []string{"-dynamodb", missing, "-endpoint", endpoint, "ls"}, "ap-south-1"},
+		{"ap-south-1", []string{"-dynamodb", missing, "-endpoint", endpoint, "-region", "eu-west-1", "stats"}, "eu-west-1"},
+	} {
+		t.Setenv("AWS_REGION", c.env)
+		out, errOut := mustRun(t, exitFailed, "", c.args...)
+		want := "idemctl: region " + c.region + " at " + endpoint + ": dynamostore: table not usable: " + missing + " does not exist"
+		if out != "" || !strings.HasPrefix(errOut, want) || strings.Contains(errOut, "no such entry") {
+			t.Errorf("idemctl %q, AWS_REGION=%q: stdout %q, stderr %q; want %q", c.args, c.env, out, errOut, want)
+		}
+	}
+	t.Setenv("AWS_REGION", "")
+
+	// The environment names the table; -endpoint still applies.
+	t.Setenv(envDynamoDB, table)
+	if out, _ := mustRun(t, 0, "", "-endpoint", endpoint, "inspect", skey("order-1")); field(out, "state") != "done" {
+		t.Errorf("inspect with %s=%s:\n%s", envDynamoDB, table, out)
+	}
+	t.Setenv(envDynamoDB, "")
+
+	// Without -endpoint, a region must be found somewhere.
+	if _, errOut := mustRun(t, exitUsage, "", "-dynamodb", table, "stats"); !strings.Contains(errOut, "no AWS region: give -region, or set AWS_REGION") {
+		t.Errorf("-dynamodb without a region: %q", errOut)
+	}
+}
+
+// TestAWSConfig: with -endpoint, the credentials are dummy ones unless
+// the environment names some, or the endpoint is AWS's own; the region is
+// -region, else the environment's, else us-east-1 with an endpoint and
+// none without.
+func TestAWSConfig(t *testing.T) {
+	noAWSEnvironment(t)
+	ctx := context.Background()
+	load := func(region, endpoint string) (string, aws.Credentials, error) {
+		t.Helper()
+		cfg, err := awsConfig(ctx, region, endpoint, awshttp.NewBuildableClient())
+		if err != nil {
+			t.Fatal(err)
+		}
+		creds, err := cfg.Credentials.Retrieve(ctx)
+		return cfg.Region, creds, err
+	}
+	local := "http://127.0.0.1:8000"
+	if region, creds, err := load("", local); region != "us-east-1" || err != nil || creds.AccessKeyID != "idem" {
+		t.Errorf("an endpoint, nothing in the environment: region %q, credentials %q (%v); want us-east-1 and dummy ones", region, creds.AccessKeyID, err)
+	}
+	if region, _, _ := load("eu-west-1", local); region != "eu-west-1" {
+		t.Errorf("-region eu-west-1 with an endpoint: region %q", region)
+	}
+	if region, _, _ := load("", ""); region != "" {
+		t.Errorf("no endpoint, nothing in the environment: region %q, want none", region)
+	}
+	if _, creds, err := load("", "https://dynamodb.eu-west-1.amazonaws.com"); err == nil && creds.AccessKeyID == "idem" {
+		t.Errorf("an endpoint of AWS's: dummy credentials, want the default chain's (none here)")
+	}
+	t.Setenv("AWS_REGION", "ap-south-1")
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDOPERATOR")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "operator-secret")
+	if region, creds, err := load("", local); region != "ap-south-1" || err != nil || creds.AccessKeyID != "AKIDOPERATOR" {
+		t.Errorf("an endpoint, AWS_REGION and keys in the environment: region %q, credentials %q (%v); want the environment's", region, creds.AccessKeyID, err)
+	}
+	if region, _, _ := load("eu-west-1", ""); region != "eu-west-1" {
+		t.Errorf("-region eu-west-1 over AWS_REGION: region %q", region)
 	}
 }

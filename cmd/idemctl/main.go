@@ -2,8 +2,8 @@
 // an entry by hand: "why does this retry get 409?", "which executions are
 // stuck, and since when?", "forget this key, the order was refunded by
 // hand". It works on the stores a service shares, Redis (redisstore),
-// PostgreSQL (pgstore) and MySQL or MariaDB (sqlstore), through their
-// storage.Inspector, and prints what
+// PostgreSQL (pgstore), MySQL or MariaDB (sqlstore) and Amazon DynamoDB
+// (dynamostore), through their storage.Inspector, and prints what
 // package idemadmin shows: its JSON with -json.
 //
 //	idemctl [global flags] inspect [-body] [key flags] KEY
@@ -17,6 +17,7 @@
 //	idemctl -redis localhost:6379 ls -in-flight -older-than 1m
 //	IDEMCTL_SCOPE="$AUTH" idemctl -pg "$DATABASE_URL" inspect -method POST -route 'POST /orders' order-42
 //	idemctl -redis localhost:6379 -json stats
+//	idemctl -dynamodb orders_idem -region eu-west-1 ls -in-flight -older-than 1m
 //
 // The global flags come before the command, the command's own flags after
 // it and before KEY. They name exactly one store: -redis host:port
@@ -27,8 +28,19 @@
 // or -mysql DSN ($IDEM_MYSQL_DSN; go-sql-driver/mysql's, naming the
 // database: user:password@tcp(host:3306)/dbname), with -table, the
 // store's table (pgstore.WithTable, sqlstore.WithTable; default
-// "idem_keys"). The environment is read only when no store flag is given.
-// idemctl never prints a DSN, a URL or a password. -json prints JSON
+// "idem_keys"); or -dynamodb TABLE ($IDEM_DYNAMODB_TABLE), the table of a
+// dynamostore. A DynamoDB store is reached as the AWS SDK's default
+// configuration says (config.LoadDefaultConfig: AWS_REGION, AWS_PROFILE,
+// the keys in the environment or in ~/.aws, a role), with -region R over
+// its region, and -endpoint URL for DynamoDB Local, dynalite or
+// LocalStack (http://localhost:8000): there the region defaults to
+// us-east-1, and the credentials to dummy ones unless the environment
+// names some (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...). idemctl checks the
+// table first (a DescribeTable), so a wrong table, region or account is
+// an error that names the region, not "no such entry"; it needs
+// dynamodb:DescribeTable, GetItem, Scan (ls, stats, rm of many) and
+// DeleteItem (rm). The environment is read only when no store flag is
+// given. idemctl never prints a DSN, a URL or a password. -json prints JSON
 // instead of text; -timeout (default 30s) bounds the command, except for
 // the time rm waits for its answer.
 //
@@ -76,10 +88,11 @@
 // ones, -cursor C (in JSON: "more": true and "next": C; a page may then
 // hold no entry while more follow). PostgreSQL and MySQL list the entries of one
 // state oldest first, so a page holds the oldest; Redis lists in SCAN
-// order, so on Redis a page holds the first entries found. -all prints
-// every entry, a page of the store at a time as it reads it, each page
-// oldest first, in memory that does not grow with the store (on Redis an
-// entry may show twice).
+// order and DynamoDB in the table's order (a Scan), so there a page
+// holds the first entries found. -all prints every entry, a page of the
+// store at a time as it reads it, each page oldest first, in memory that
+// does not grow with the store (on Redis an entry may show twice). On
+// DynamoDB every listing reads the whole table, and pays for it.
 //
 // rm looks the entry up, shows it and asks "remove it? [y/N]" on
 // standard error, and removes it only when the answer, read from standard
@@ -153,6 +166,7 @@ Usage:
 
   idemctl -redis localhost:6379 ls -in-flight -older-than 1m
   IDEMCTL_SCOPE="$AUTH" idemctl -pg "$DATABASE_URL" inspect -method POST -route 'POST /orders' order-42
+  idemctl -dynamodb orders_idem -region eu-west-1 ls -in-flight -older-than 1m
 
 Global flags, before the command. Exactly one store:
 
@@ -164,6 +178,11 @@ Global flags, before the command. Exactly one store:
   -pg DSN                    PostgreSQL ($IDEM_PG_DSN)
   -mysql DSN                 MySQL or MariaDB ($IDEM_MYSQL_DSN): user:password@tcp(host:3306)/dbname
   -table T                   the PostgreSQL or MySQL store's table (default "` + pgstore.DefaultTable + `")
+  -dynamodb TABLE            an Amazon DynamoDB table ($IDEM_DYNAMODB_TABLE), reached as the AWS SDK's
+                             default configuration says (AWS_REGION, AWS_PROFILE, ~/.aws, a role)
+  -region R                  the DynamoDB table's AWS region (default: the SDK's; us-east-1 with -endpoint)
+  -endpoint URL              a DynamoDB API of its own: DynamoDB Local, dynalite (http://localhost:8000);
+                             dummy credentials unless the environment names some
 
   The environment is read only when no store flag is given.
 
@@ -184,7 +203,8 @@ Commands:
       -older-than D
                 only those in their state for at least D, such as 1m
       -limit N  print at most N entries (default 100), and when there are
-                more, the command that goes on (on Redis, the first found)
+                more, the command that goes on (on Redis and DynamoDB, the
+                first found)
       -cursor C go on where a page ended (JSON: its "next")
       -all      print every entry, page after page (on Redis, maybe twice)
 
@@ -240,6 +260,7 @@ const (
 	envRedisCluster = "IDEM_REDIS_CLUSTER"
 	envPGDSN        = "IDEM_PG_DSN"
 	envMySQLDSN     = "IDEM_MYSQL_DSN"
+	envDynamoDB     = "IDEM_DYNAMODB_TABLE"
 )
 
 // envScope stands in for -scope when it is not given: a scope that is a
@@ -314,6 +335,7 @@ type cli struct {
 type globals struct {
 	redis, redisURL, redisCluster, prefix string
 	pg, mysql, table                      string
+	dynamodb, region, endpoint            string
 	json                                  bool
 	timeout                               time.Duration
 }
@@ -341,6 +363,9 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	fs.StringVar(&g.pg, "pg", "", "")
 	fs.StringVar(&g.mysql, "mysql", "", "")
 	fs.StringVar(&g.table, "table", pgstore.DefaultTable, "")
+	fs.StringVar(&g.dynamodb, "dynamodb", "", "")
+	fs.StringVar(&g.region, "region", "", "")
+	fs.StringVar(&g.endpoint, "endpoint", "", "")
 	fs.BoolVar(&g.json, "json", false, "")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "")
 	printVersion := fs.Bool("version", false, "")
@@ -378,8 +403,9 @@ func (c *cli) run(ctx context.Context, args []string) error {
 // the environment; set holds the names of the global flags given.
 func (g *globals) chooseStore(set map[string]bool) error {
 	given := "given"
-	if !set["redis"] && !set["redis-url"] && !set["redis-cluster"] && !set["pg"] && !set["mysql"] {
+	if !set["redis"] && !set["redis-url"] && !set["redis-cluster"] && !set["pg"] && !set["mysql"] && !set["dynamodb"] {
 		g.redis, g.redisCluster, g.pg, g.mysql = os.Getenv(envRedisAddr), os.Getenv(envRedisCluster), os.Getenv(envPGDSN), os.Getenv(envMySQLDSN)
+		g.dynamodb = os.Getenv(envDynamoDB)
 		given = "set in the environment"
 	}
 	var named []string
@@ -389,6 +415,7 @@ func (g *globals) chooseStore(set map[string]bool) error {
 		{"-redis-cluster (" + envRedisCluster + ")", g.redisCluster},
 		{"-pg (" + envPGDSN + ")", g.pg},
 		{"-mysql (" + envMySQLDSN + ")", g.mysql},
+		{"-dynamodb (" + envDynamoDB + ")", g.dynamodb},
 	} {
 		if s.value != "" {
 			named = append(named, s.name)
@@ -396,16 +423,24 @@ func (g *globals) chooseStore(set map[string]bool) error {
 	}
 	switch {
 	case len(named) == 0:
-		return usageError("no store: give -redis, -redis-url, -redis-cluster, -pg or -mysql, or set %s, %s, %s or %s",
-			envRedisAddr, envRedisCluster, envPGDSN, envMySQLDSN)
+		return usageError("no store: give -redis, -redis-url, -redis-cluster, -pg, -mysql or -dynamodb, or set %s, %s, %s, %s or %s",
+			envRedisAddr, envRedisCluster, envPGDSN, envMySQLDSN, envDynamoDB)
 	case len(named) > 1:
 		return usageError("one store at a time; %s: %s", given, strings.Join(named, ", "))
 	case g.pg != "" && set["prefix"]:
 		return usageError("-prefix is for a Redis store; a PostgreSQL store has a -table")
 	case g.mysql != "" && set["prefix"]:
 		return usageError("-prefix is for a Redis store; a MySQL store has a -table")
+	case g.dynamodb != "" && set["prefix"]:
+		return usageError("-prefix is for a Redis store; a DynamoDB store's table is -dynamodb's")
+	case g.dynamodb != "" && set["table"]:
+		return usageError("-table is for a PostgreSQL or MySQL store; a DynamoDB store's table is -dynamodb's")
 	case g.pg == "" && g.mysql == "" && set["table"]:
 		return usageError("-table is for a PostgreSQL or MySQL store; a Redis store has a -prefix")
+	case g.dynamodb == "" && (set["region"] || set["endpoint"]):
+		return usageError("-region and -endpoint are for a DynamoDB store (-dynamodb TABLE)")
+	case g.dynamodb != "":
+		return checkDynamoDB(g.dynamodb, g.endpoint)
 	}
 	return nil
 }

@@ -31,12 +31,15 @@ func init() {
 }
 
 // open opens the store that the global flags name as c.store, and returns
-// what closes it. It sends nothing to the store.
-func (c *cli) open() (closeStore func(), err error) {
+// what closes it. It sends nothing to the store, but to DynamoDB, whose
+// table it checks (see openDynamoDB), within ctx.
+func (c *cli) open(ctx context.Context) (closeStore func(), err error) {
 	if err := c.chooseStore(c.given); err != nil {
 		return nil, err
 	}
 	switch {
+	case c.dynamodb != "":
+		return c.openDynamoDB(ctx)
 	case c.pg != "":
 		return c.openPG()
 	case c.mysql != "":
