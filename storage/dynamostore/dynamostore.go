@@ -479,15 +479,7 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 	if err := checkKey(key); err != nil {
 		return fmt.Errorf("dynamostore: release: %w", err)
 	}
-	_, err := s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
-		TableName:                           s.table,
-		Key:                                 keyOf(key),
-		ConditionExpression:                 aws.String(condReleased),
-		ExpressionAttributeNames:            namesReleased,
-		ExpressionAttributeValues:           map[string]types.AttributeValue{":processing": sv(stateProcessing), ":owner": bv(owner), ":now": nv(s.nowMs())},
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	})
-	ok, cur, err := s.outcome(ctx, key, err)
+	ok, cur, err := s.drop(ctx, key, owner)
 	for i := 1; ; i++ {
 		switch {
 		case err != nil:
@@ -509,17 +501,23 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 			// The owner's entry, not taken from an issue: it was just
 			// renewed or taken again after the condition was checked.
 			// The DeleteItem again.
-			_, err = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
-				TableName:                           s.table,
-				Key:                                 keyOf(key),
-				ConditionExpression:                 aws.String(condReleased),
-				ExpressionAttributeNames:            namesReleased,
-				ExpressionAttributeValues:           map[string]types.AttributeValue{":processing": sv(stateProcessing), ":owner": bv(owner), ":now": nv(now)},
-				ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-			})
-			ok, cur, err = s.outcome(ctx, key, err)
+			ok, cur, err = s.drop(ctx, key, owner)
 		}
 	}
+}
+
+// drop deletes the owner's processing entry, unless it is live and was
+// taken from an issue.
+func (s *Store) drop(ctx context.Context, key, owner string) (bool, item, error) {
+	_, err := s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		TableName:                           s.table,
+		Key:                                 keyOf(key),
+		ConditionExpression:                 aws.String(condReleased),
+		ExpressionAttributeNames:            namesReleased,
+		ExpressionAttributeValues:           map[string]types.AttributeValue{":processing": sv(stateProcessing), ":owner": bv(owner), ":now": nv(s.nowMs())},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	return s.outcome(ctx, key, err)
 }
 
 // reissue turns the owner's live processing entry taken from an issue of

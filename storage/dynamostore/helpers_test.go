@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/idemkit/idem/internal/dynamotest"
+	"github.com/idemkit/idem/internal/testclock"
 	"github.com/idemkit/idem/storage/dynamostore"
 )
 
@@ -87,25 +88,8 @@ func newClient(endpoint string, c *counter, opts ...func(*dynamodb.Options)) *dy
 	return dynamodb.New(o)
 }
 
-// clock is a test's clock, moved by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Now()} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+// newClock is a test's clock, moved by hand, starting now.
+func newClock() *testclock.Clock { return testclock.New(time.Now()) }
 
 // table is a table of the test's own on the shared dynalite.
 type table struct {
